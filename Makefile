@@ -1,0 +1,43 @@
+# Two commands on a fresh clone: `make run` and `make test`. Everything else is optional.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?=
+
+.PHONY: run test lint typecheck check chat clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@ $(VENV)/.installed
+
+run: $(VENV)/.installed
+	$(BIN)/switchboard run $(if $(CONFIG),--config $(CONFIG))
+
+chat: $(VENV)/.installed
+	$(BIN)/switchboard chat $(if $(CONFIG),--config $(CONFIG))
+
+check: $(VENV)/.installed
+	$(BIN)/switchboard check $(if $(CONFIG),--config $(CONFIG))
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,137 @@
+"""The web chat: browser sessions by cookie, live events over Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import secrets
+import time
+from collections import defaultdict
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from channels.base import BadInput
+from core.models import InboundMessage, MessageKind, OutboundPart, Sender, SessionKey
+
+__all__ = ["WebChat", "new_session_id", "valid_session_id"]
+
+CHANNEL = "web"
+OUTPUT_RULES = (
+    "The web chat renders Markdown: **bold**, *italic*, `code`, fenced code blocks, lists and "
+    "links. Keep answers short; use a list when there are several items."
+)
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+_COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)")
+QUEUE_SIZE = 1000
+
+
+def new_session_id() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def valid_session_id(value: str | None) -> bool:
+    return value is not None and bool(_SESSION_ID.match(value))
+
+
+class _PostBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=4000)
+    client_id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
+    button: str | None = Field(default=None, max_length=200)
+
+
+class WebChat:
+    """Adapter and event hub. One browser session = one conversation; a browser may have
+    several tabs open, and each gets every event of its session."""
+
+    name = CHANNEL
+    output_rules = OUTPUT_RULES
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = defaultdict(set)
+
+    def parse(self, session_id: str, body: Any) -> InboundMessage:
+        """Turn a POST /chat/messages body into a normalized message, or raise BadInput."""
+        try:
+            post = _PostBody.model_validate(body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "body"
+            raise BadInput(f"{where}: {err['msg']}") from None
+        text = post.text.strip()
+        if not text:
+            raise BadInput("text: must not be blank")
+        kind, command = MessageKind.MESSAGE, None
+        if post.button is not None:
+            kind = MessageKind.BUTTON
+        elif m := _COMMAND.match(text):
+            kind, command = MessageKind.COMMAND, m.group(1)
+        return InboundMessage(
+            channel=CHANNEL,
+            conversation=session_id,
+            sender=Sender(id=session_id),
+            text=text,
+            platform_id=post.client_id,
+            kind=kind,
+            command=command,
+            button_value=post.button,
+            received_at=time.time(),
+        )
+
+    # event hub
+
+    def subscribe(self, session_id: str) -> asyncio.Queue[str | None]:
+        """Frames of Server-Sent Events for one open page; None means the stream is over."""
+        queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
+        self._subscribers[session_id].add(queue)
+        return queue
+
+    def close(self) -> None:
+        """End every open stream (at shutdown), so no connection holds the server open."""
+        for subs in self._subscribers.values():
+            for queue in subs:
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+
+    def unsubscribe(self, session_id: str, queue: asyncio.Queue[str | None]) -> None:
+        subs = self._subscribers.get(session_id)
+        if subs is not None:
+            subs.discard(queue)
+            if not subs:
+                del self._subscribers[session_id]
+
+    def _publish(self, session_id: str, event: str, data: dict[str, Any]) -> None:
+        frame = f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        for queue in list(self._subscribers.get(session_id, ())):
+            try:
+                queue.put_nowait(frame)
+            except asyncio.QueueFull:  # a stalled tab: it re-reads history when it reconnects
+                self.unsubscribe(session_id, queue)
+
+    # Outlet and LiveOutlet
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        self._publish(
+            key.conversation,
+            "message",
+            {
+                "id": f"out-{part.id}",
+                "run_id": part.run_id,
+                "text": part.reply.text,
+                "buttons": [b.model_dump() for b in part.reply.buttons],
+            },
+        )
+        return f"out-{part.id}"
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None:
+        self._publish(key.conversation, "typing", {"run_id": run_id})
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        self._publish(key.conversation, "delta", {"run_id": run_id, "text": text})
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        self._publish(key.conversation, "discard" if discarded else "done", {"run_id": run_id})

@@ -1,0 +1,236 @@
+"""The agent loop: model calls with tools under hard limits, emitting events as it goes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.agent.model import (
+    ChatMessage,
+    ModelClient,
+    ModelRequest,
+    ModelResponse,
+    estimate_messages,
+    estimate_tokens,
+)
+from core.agent.sanitize import strip_reasoning, wrap_user_text
+from core.agent.tools import ToolContext, ToolRegistry
+from core.errors import ModelError
+
+__all__ = [
+    "AgentEvent",
+    "AgentLoop",
+    "Done",
+    "Limits",
+    "RunOutcome",
+    "TextDelta",
+    "ToolStep",
+    "Turn",
+]
+
+log = logging.getLogger(__name__)
+
+APOLOGY_MODEL = "Sorry, I can't reach my language model right now. Please try again in a moment."
+APOLOGY_TIMEOUT = "Sorry, that took me too long. Could you ask again, maybe more simply?"
+APOLOGY_EMPTY = "Sorry, I couldn't put together an answer to that. Could you rephrase it?"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_steps: int = 5
+    max_tool_calls: int = 6
+    max_output_tokens: int = 350
+    token_budget: int = 7000
+    run_timeout_s: float = 45.0
+    temperature: float = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    run_id: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolStep:
+    run_id: str
+    name: str
+    arguments: str
+    result: str
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    run_id: str
+    outcome: RunOutcome
+
+
+AgentEvent = TextDelta | ToolStep | Done
+EventSink = Callable[[AgentEvent], Awaitable[None]]
+Steer = Callable[[], Awaitable[list[str]]]
+
+
+@dataclass(slots=True)
+class Turn:
+    """Everything one run needs; the session manager builds it."""
+
+    run_id: str
+    session: str
+    system: str  # instructions + channel output rules + session state, already composed
+    history: list[ChatMessage]
+    user_texts: list[str]
+    state: dict[str, Any] = field(default_factory=dict)
+    steer: Steer | None = None  # returns messages that arrived mid-run (queue mode "steer")
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    text: str
+    status: str = "ok"  # ok | limit | timeout | model_error
+    limits_hit: list[str] = field(default_factory=list)
+    steps: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    steered: int = 0
+    error: str | None = None
+
+
+class AgentLoop:
+    def __init__(self, model: ModelClient, tools: ToolRegistry, limits: Limits) -> None:
+        self._model = model
+        self._tools = tools
+        self._limits = limits
+
+    async def run(self, turn: Turn, emit: EventSink) -> RunOutcome:
+        out = RunOutcome(text="")
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._limits.run_timeout_s):
+                await self._steps(turn, emit, out)
+        except TimeoutError:
+            out.status = "timeout"
+            out.limits_hit.append("run_timeout")
+            out.text = APOLOGY_TIMEOUT
+        except ModelError as exc:
+            log.warning("model failed: %s", exc, extra={"session": turn.session})
+            out.status = "model_error"
+            out.error = str(exc)[:500]
+            out.text = APOLOGY_MODEL
+        if out.status == "ok" and out.limits_hit:
+            out.status = "limit"
+        out.calls.append({"elapsed_s": round(time.monotonic() - started, 3)})
+        await emit(Done(turn.run_id, out))
+        return out
+
+    async def _steps(self, turn: Turn, emit: EventSink, out: RunOutcome) -> None:
+        lim = self._limits
+        messages: list[ChatMessage] = [ChatMessage("system", turn.system), *turn.history]
+        messages.append(ChatMessage("user", "\n".join(wrap_user_text(t) for t in turn.user_texts)))
+        ctx = ToolContext(session=turn.session, run_id=turn.run_id, state=turn.state)
+        tools = self._tools.specs()
+        prev_input = 0
+        sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
+        last_text = ""
+
+        async def on_delta(text: str) -> None:
+            await emit(TextDelta(turn.run_id, text))
+
+        for step in range(1, lim.max_steps + 1):
+            if step > 1 and turn.steer is not None:
+                for text in await turn.steer():
+                    messages.append(ChatMessage("user", wrap_user_text(text)))
+                    out.steered += 1
+            spent = out.input_tokens + out.output_tokens
+            est_input = (
+                estimate_messages(messages)
+                if step == 1
+                else prev_input + estimate_messages(messages[sent_upto:])
+            )
+            final, reason = self._final_reason(step, out, tools != (), spent, est_input)
+            max_tokens = lim.max_output_tokens
+            if step > 1:
+                room = lim.token_budget - spent - est_input
+                if room < min(32, lim.max_output_tokens):
+                    out.limits_hit.append("token_budget")
+                    break
+                max_tokens = min(max_tokens, room)
+            if reason and reason not in out.limits_hit:
+                out.limits_hit.append(reason)
+            request = ModelRequest(
+                messages=tuple(messages),
+                tools=tools,
+                tool_choice="none" if final else "auto",
+                max_tokens=max_tokens,
+                temperature=lim.temperature,
+            )
+            response = await self._model.complete(request, on_delta)
+            out.steps = step
+            used_in = response.input_tokens or est_input
+            used_out = response.output_tokens or estimate_tokens(response.text)
+            out.input_tokens += used_in
+            out.output_tokens += used_out
+            out.calls.append(_call_record(step, final, response, used_in, used_out))
+            prev_input, sent_upto = used_in, len(messages)
+            if response.finish_reason == "length" and "max_output_tokens" not in out.limits_hit:
+                out.limits_hit.append("max_output_tokens")
+            last_text = strip_reasoning(response.text) or last_text
+            if final or not response.tool_calls:
+                break
+            messages.append(ChatMessage("assistant", response.text or None, response.tool_calls))
+            for call in response.tool_calls:
+                if out.tool_calls >= lim.max_tool_calls:
+                    if "max_tool_calls" not in out.limits_hit:
+                        out.limits_hit.append("max_tool_calls")
+                    content = (
+                        '{"error": "tool_budget", "detail": "No tool calls left in this run; '
+                        'answer with what you have."}'
+                    )
+                    ok = False
+                else:
+                    out.tool_calls += 1
+                    result = await self._tools.call(call.name, call.arguments, ctx)
+                    content, ok = result.content, result.ok
+                messages.append(ChatMessage("tool", content, tool_call_id=call.id, name=call.name))
+                await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
+        out.text = last_text or APOLOGY_EMPTY
+        if not last_text:
+            log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
+
+    def _final_reason(
+        self, step: int, out: RunOutcome, has_tools: bool, spent: int, est_input: int
+    ) -> tuple[bool, str | None]:
+        """Whether this call must be the last (tool_choice "none"), and which limit made it so."""
+        lim = self._limits
+        if not has_tools:
+            return True, None
+        if step >= lim.max_steps:
+            return True, "max_steps"
+        if out.tool_calls >= lim.max_tool_calls:
+            return True, "max_tool_calls"
+        # Each call repeats all earlier input, so the call after this one costs at least this
+        # call's input plus its output again. If that could not fit, end the run on this call.
+        this_call = est_input + lim.max_output_tokens
+        next_call = this_call + lim.max_output_tokens
+        if spent + this_call + next_call > lim.token_budget:
+            return True, "token_budget"
+        return False, None
+
+
+def _call_record(
+    step: int, final: bool, response: ModelResponse, used_in: int, used_out: int
+) -> dict[str, Any]:
+    return {
+        "step": step,
+        "final": final,
+        "input_tokens": used_in,
+        "output_tokens": used_out,
+        "finish_reason": response.finish_reason,
+        "tool_calls": [c.name for c in response.tool_calls],
+    }

@@ -1,0 +1,245 @@
+"""OpenAI-compatible Chat Completions over httpx (OpenAI, vLLM, Ollama, llama.cpp, ...)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource, SSEError
+
+from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.errors import ModelError
+
+__all__ = ["OpenAIClient", "RetryPolicy"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 3  # retries after the first try
+    base_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(float(retry_after), 0.0), self.max_delay_s * 4)
+        backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
+        return backoff * (0.5 + random.random() / 2)  # jitter, not crypto
+
+
+class OpenAIClient:
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        stream: bool = True,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/") + "/",
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            transport=transport,
+        )
+        self._model = model
+        self._stream = stream
+        self._retry = retry or RetryPolicy()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelResponse:
+        body = self._body(request)
+        attempt = 0
+        while True:
+            emitted = [False]
+
+            async def sink(text: str, _emitted: list[bool] = emitted) -> None:
+                _emitted[0] = True
+                if on_delta is not None:
+                    await on_delta(text)
+
+            try:
+                if self._stream:
+                    return await self._complete_stream(body, sink)
+                response = await self._complete_once(body)
+                if response.text:
+                    await sink(response.text)
+                return response
+            except ModelError as exc:
+                if not exc.retryable or emitted[0] or attempt >= self._retry.attempts:
+                    raise
+                delay = self._retry.delay(attempt, exc.retry_after)
+                log.info("model call failed (%s); retry %d in %.1fs", exc, attempt + 1, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self._model,
+            "messages": [_message_json(m) for m in request.messages],
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+        }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+            body["tool_choice"] = request.tool_choice
+        if self._stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    async def _complete_once(self, body: dict[str, Any]) -> ModelResponse:
+        try:
+            resp = await self._http.post("chat/completions", json=body)
+        except httpx.TimeoutException as exc:
+            raise ModelError("model request timed out", retryable=True) from exc
+        except httpx.HTTPError as exc:
+            raise ModelError(f"model request failed: {type(exc).__name__}", retryable=True) from exc
+        _raise_for_status(resp.status_code, resp.headers, resp.text)
+        try:
+            data = resp.json()
+            choice = data["choices"][0]
+            msg = choice.get("message") or {}
+            calls = tuple(
+                ToolCall(
+                    id=c.get("id") or f"call_{i}",
+                    name=c["function"]["name"],
+                    arguments=c["function"].get("arguments") or "",
+                )
+                for i, c in enumerate(msg.get("tool_calls") or [])
+            )
+            usage = data.get("usage") or {}
+            return ModelResponse(
+                text=msg.get("content") or "",
+                tool_calls=calls,
+                input_tokens=usage.get("prompt_tokens"),
+                output_tokens=usage.get("completion_tokens"),
+                finish_reason=choice.get("finish_reason"),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ModelError("model returned a malformed response", retryable=True) from exc
+
+    async def _complete_stream(self, body: dict[str, Any], sink: DeltaSink) -> ModelResponse:
+        text: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        usage: dict[str, Any] = {}
+        finish: str | None = None
+        try:
+            async with self._http.stream("POST", "chat/completions", json=body) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    _raise_for_status(resp.status_code, resp.headers, resp.text)
+                if "text/event-stream" not in resp.headers.get("content-type", ""):
+                    await resp.aread()
+                    raise ModelError("model did not answer with an event stream", retryable=True)
+                async for sse in EventSource(resp).aiter_sse():
+                    if sse.data.strip() == "[DONE]":
+                        break
+                    try:
+                        chunk = json.loads(sse.data)
+                    except ValueError as exc:
+                        raise ModelError("model stream sent invalid JSON", retryable=True) from exc
+                    if not isinstance(chunk, dict):
+                        raise ModelError("model stream sent an unexpected chunk", retryable=True)
+                    if "error" in chunk:
+                        raise ModelError(f"model stream error: {str(chunk['error'])[:200]}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        if delta.get("content"):
+                            text.append(delta["content"])
+                            await sink(delta["content"])
+                        _merge_tool_deltas(calls, delta.get("tool_calls") or [])
+                        finish = choice.get("finish_reason") or finish
+        except httpx.TimeoutException as exc:
+            raise ModelError("model stream timed out", retryable=True) from exc
+        except (httpx.HTTPError, SSEError) as exc:
+            raise ModelError(f"model stream failed: {type(exc).__name__}", retryable=True) from exc
+        if finish is None and not usage:
+            raise ModelError("model stream ended early", retryable=True)
+        tool_calls = tuple(
+            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
+            for i, c in sorted(calls.items())
+            if c["name"]
+        )
+        return ModelResponse(
+            text="".join(text),
+            tool_calls=tool_calls,
+            input_tokens=usage.get("prompt_tokens"),
+            output_tokens=usage.get("completion_tokens"),
+            finish_reason=finish,
+        )
+
+
+def _merge_tool_deltas(calls: dict[int, dict[str, str]], deltas: list[Any]) -> None:
+    """Assemble streamed tool calls: id and name come first, then argument pieces."""
+    for d in deltas:
+        if not isinstance(d, dict):
+            continue
+        index = d.get("index")
+        if not isinstance(index, int):
+            index = len(calls) - 1 if calls and not d.get("id") else len(calls)
+        fn = d.get("function") or {}
+        current = calls.get(index)
+        if current is not None and d.get("id") and current["id"] and d["id"] != current["id"]:
+            index = max(calls) + 1  # a provider that reuses index 0 for every call
+            current = None
+        if current is None:
+            current = calls[index] = {"id": "", "name": "", "arguments": ""}
+        current["id"] = d.get("id") or current["id"]
+        current["name"] = current["name"] or fn.get("name") or ""
+        current["arguments"] += fn.get("arguments") or ""
+
+
+def _raise_for_status(status: int, headers: httpx.Headers, text: str) -> None:
+    if status < 400:
+        return
+    retry_after: float | None = None
+    try:
+        retry_after = float(headers.get("retry-after", ""))
+    except ValueError:
+        retry_after = None
+    detail = text[:200].replace("\n", " ")
+    retryable = status in (408, 409, 425, 429) or status >= 500
+    raise ModelError(
+        f"model endpoint answered HTTP {status}: {detail}",
+        retryable=retryable,
+        retry_after=retry_after,
+        status=status,
+    )
+
+
+def _message_json(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+    return out

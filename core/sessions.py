@@ -1,0 +1,501 @@
+"""The session manager: one runner per session, FIFO, queue modes, a global cap on runs.
+
+This module is the single home of the serialization rule: a message is stored, the session's
+runner is woken, and the runner (holding the session's lease) turns pending messages into turns,
+one at a time, then delivers the stored reply parts in order. Runners exist only while a session
+has work; an idle session is nothing but rows in the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol, runtime_checkable
+
+from core.agent.loop import AgentEvent, AgentLoop, Done, RunOutcome, TextDelta, Turn
+from core.agent.prompt import describe_inbound, history_messages, system_prompt
+from core.errors import ChannelError, StoreError
+from core.models import InboundMessage, MessageKind, OutboundPart, Reply, SessionKey
+from core.store.base import InboxItem, InboxStatus, PutResult, RunRecord, Store
+
+__all__ = [
+    "AgentProfile",
+    "DeliveryPolicy",
+    "LiveOutlet",
+    "Outlet",
+    "QueueMode",
+    "SessionManager",
+    "SessionPolicy",
+]
+
+log = logging.getLogger(__name__)
+
+OVERFLOW_NOTICE = (
+    "I'm still working through your earlier messages, so I couldn't queue that last one. "
+    "Please send it again after my reply."
+)
+RESET_REPLY = "Okay, let's start over. What can I help you with?"
+HELP_REPLY = (
+    "Just write your question. Commands: /reset starts a fresh conversation, /help shows this."
+)
+
+
+class QueueMode(StrEnum):
+    COLLECT = "collect"  # what arrived mid-run becomes the next turn, answered together
+    FOLLOWUP = "followup"  # each queued message gets its own turn, in order
+    STEER = "steer"  # injected into the running turn before its next model call
+    INTERRUPT = "interrupt"  # the running turn is cancelled; its reply is never sent
+
+
+class Outlet(Protocol):
+    """Where a channel delivers reply parts. Returns the platform's message id, if any."""
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None: ...
+
+
+@runtime_checkable
+class LiveOutlet(Protocol):
+    """Optional: live feedback while a run is in progress (typing, streamed text)."""
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None: ...
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None: ...
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPolicy:
+    queue_mode: QueueMode = QueueMode.COLLECT
+    debounce_s: float = 0.0
+    max_pending: int = 100
+    history_turns: int = 10
+    lease_ttl_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryPolicy:
+    max_attempts: int = 6
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return max(float(retry_after), 0.0)
+        return min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s) * (
+            0.5 + random.random() / 2  # jitter
+        )
+
+
+@dataclass(slots=True)
+class AgentProfile:
+    name: str
+    instructions: str
+    loop: AgentLoop
+    policy: SessionPolicy = field(default_factory=SessionPolicy)
+    output_rules: Mapping[str, str] = field(default_factory=dict)  # per channel
+    greeting: str = "Hello! How can I help you today?"
+
+
+class SessionManager:
+    def __init__(
+        self,
+        store: Store,
+        agents: Mapping[str, AgentProfile],
+        outlets: Mapping[str, Outlet],
+        *,
+        max_concurrent_runs: int = 8,
+        owner: str | None = None,
+        delivery: DeliveryPolicy | None = None,
+    ) -> None:
+        self.store = store
+        self.agents = agents
+        self.outlets = outlets
+        self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
+        self.delivery = delivery or DeliveryPolicy()
+        self._slots = asyncio.Semaphore(max_concurrent_runs)
+        self._runners: dict[str, _Runner] = {}
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def start(self) -> None:
+        """Resume sessions that had unanswered messages or undelivered replies."""
+        for skey in await self.store.sessions_with_work():
+            try:
+                self._wake(SessionKey.parse(skey), arrived=False)
+            except ValueError:
+                log.error("skipping unparseable session key %r", skey)
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Stop taking turns; let running ones finish within the grace period, then cancel.
+        Anything unfinished stays pending in the store and is resumed at the next start."""
+        self._closing = True
+        tasks = [r.task for r in self._runners.values()] + list(self._side_tasks)
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=grace_s)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def submit(self, msg: InboundMessage, agent: str = "default") -> PutResult:
+        """Store the message durably, then wake its session. Returns once it is stored."""
+        key = SessionKey.for_message(agent, msg)
+        profile = self.agents.get(agent)
+        max_pending = profile.policy.max_pending if profile else 100
+        result = await self.store.put_inbound(str(key), msg, max_pending)
+        if result.status is InboxStatus.PENDING:
+            self._wake(key, arrived=True)
+        elif result.status is InboxStatus.OVERFLOW:
+            self._notify_overflow(key)
+        return result
+
+    def active(self) -> int:
+        """Sessions with a runner in memory (a turn running, queued, or replies to deliver)."""
+        return len(self._runners)
+
+    async def wait_idle(self) -> None:
+        """Return once no session has work in progress."""
+        await self._idle.wait()
+
+    def _wake(self, key: SessionKey, *, arrived: bool) -> None:
+        if self._closing:
+            return
+        skey = str(key)
+        runner = self._runners.get(skey)
+        if runner is None:
+            profile = self.agents.get(key.agent)
+            if profile is None:
+                log.error("no agent %r for session %s; its messages stay pending", key.agent, skey)
+                return
+            runner = self._runners[skey] = _Runner(self, key, profile)
+            self._idle.clear()
+        runner.poke(arrived=arrived)
+
+    def _notify_overflow(self, key: SessionKey) -> None:
+        runner = self._runners.get(str(key))
+        if runner is None:
+            self._wake(key, arrived=False)
+            runner = self._runners.get(str(key))
+        if runner is None or runner.overflow_noticed:
+            return
+        runner.overflow_noticed = True
+        self._spawn(runner.notice(OVERFLOW_NOTICE))
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+
+class _Runner:
+    """Works one session while it has work, holding its lease; gone when idle."""
+
+    _ids = itertools.count()
+
+    def __init__(self, mgr: SessionManager, key: SessionKey, profile: AgentProfile) -> None:
+        self.mgr, self.key, self.skey, self.profile = mgr, key, str(key), profile
+        self.policy = profile.policy
+        self.poked = True
+        self.last_arrival = 0.0
+        self.arrival = asyncio.Event()
+        self.overflow_noticed = False
+        self.turn_task: asyncio.Task[RunOutcome] | None = None
+        self.committing = False
+        self.lease_lost = False
+        self.batch_ids: set[int] = set()
+        self.batch_texts: list[str] = []
+        self.run: RunRecord | None = None
+        self.deliver_lock = asyncio.Lock()
+        self.task = asyncio.create_task(self._main(), name=f"session {self.skey}")
+
+    def poke(self, *, arrived: bool) -> None:
+        self.poked = True
+        if not arrived:
+            return
+        self.last_arrival = time.monotonic()
+        self.arrival.set()
+        turn = self.turn_task
+        if (
+            self.policy.queue_mode is QueueMode.INTERRUPT
+            and turn is not None
+            and not turn.done()
+            and not self.committing
+        ):
+            turn.cancel()
+
+    async def _main(self) -> None:
+        failures = 0
+        try:
+            while True:
+                if not await self._acquire():
+                    log.info("session %s is leased elsewhere; leaving it", self.skey)
+                    return
+                beat = asyncio.create_task(self._heartbeat())
+                try:
+                    await self._work()
+                    failures = 0
+                except (StoreError, ChannelError) as exc:
+                    failures += 1
+                    log.warning("session %s: %s (attempt %d)", self.skey, exc, failures)
+                    self.poked = failures < 5
+                    await asyncio.sleep(min(0.5 * 2**failures, 10.0))
+                except Exception:
+                    failures += 1
+                    log.exception("session %s runner failed", self.skey)
+                    self.poked = failures < 5
+                    await asyncio.sleep(min(0.5 * 2**failures, 10.0))
+                finally:
+                    beat.cancel()
+                    with contextlib.suppress(StoreError):
+                        release = self.mgr.store.release_lease(self.skey, self.mgr.owner)
+                        await asyncio.shield(release)
+                if not self.poked or self.mgr._closing:
+                    return
+        finally:
+            if self.mgr._runners.get(self.skey) is self:
+                del self.mgr._runners[self.skey]
+                if not self.mgr._runners:
+                    self.mgr._idle.set()
+
+    async def _acquire(self) -> bool:
+        deadline = time.monotonic() + 2 * self.policy.lease_ttl_s
+        while True:
+            if await self.mgr.store.acquire_lease(
+                self.skey, self.mgr.owner, self.policy.lease_ttl_s
+            ):
+                self.lease_lost = False
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(min(1.0, self.policy.lease_ttl_s / 3))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.policy.lease_ttl_s / 3)
+            try:
+                held = await self.mgr.store.renew_lease(
+                    self.skey, self.mgr.owner, self.policy.lease_ttl_s
+                )
+            except StoreError:
+                continue
+            if not held:
+                self.lease_lost = True
+                if self.turn_task is not None and not self.committing:
+                    self.turn_task.cancel()
+                return
+
+    async def _work(self) -> None:
+        while not self.lease_lost:
+            self.poked = False
+            await self.deliver()
+            await self._debounce()
+            items = await self.mgr.store.pending(self.skey)
+            if not items:
+                if self.poked:
+                    continue
+                return
+            head = items[0]
+            if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:
+                await self._command(head)
+                continue
+            batch = list(itertools.takewhile(lambda i: not _is_command(i), items))
+            if self.policy.queue_mode is QueueMode.FOLLOWUP:
+                batch = batch[:1]
+            async with self.mgr._slots:
+                await self._turn(batch)
+
+    async def _debounce(self) -> None:
+        """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
+        while True:
+            self.arrival.clear()
+            remaining = self.policy.debounce_s - (time.monotonic() - self.last_arrival)
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(self.arrival.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _turn(self, batch: list[InboxItem]) -> None:
+        run = RunRecord(
+            id=uuid.uuid4().hex,
+            session=self.skey,
+            started_at=time.time(),
+            inbox_ids=[i.id for i in batch],
+        )
+        self.run = run
+        self.overflow_noticed = False
+        self.batch_ids = set(run.inbox_ids)
+        self.batch_texts = [describe_inbound(i.message) for i in batch]
+        session = await self.mgr.store.get_session(self.skey)
+        history = await self.mgr.store.history(self.skey, self.policy.history_turns * 2)
+        rules = self.profile.output_rules.get(self.key.channel, "")
+        turn = Turn(
+            run_id=run.id,
+            session=self.skey,
+            system=system_prompt(self.profile.instructions, rules, session.state),
+            history=history_messages(history),
+            user_texts=list(self.batch_texts),
+            state=dict(session.state),
+            steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
+        )
+        live = self._live()
+        if live is not None:
+            await _quietly(live.run_started(self.key, run.id), self.skey)
+
+        async def emit(event: AgentEvent) -> None:
+            if live is not None and isinstance(event, TextDelta):
+                await _quietly(live.run_delta(self.key, run.id, event.text), self.skey)
+            elif isinstance(event, Done):
+                log.info(
+                    "run %s %s steps=%d tools=%d tokens=%d+%d limits=%s",
+                    run.id,
+                    event.outcome.status,
+                    event.outcome.steps,
+                    event.outcome.tool_calls,
+                    event.outcome.input_tokens,
+                    event.outcome.output_tokens,
+                    ",".join(event.outcome.limits_hit) or "-",
+                    extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
+                )
+
+        self.turn_task = asyncio.create_task(self.profile.loop.run(turn, emit))
+        try:
+            outcome = await self.turn_task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            run.status, run.ended_at = "cancelled", time.time()
+            run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
+            if live is not None:
+                await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
+            with contextlib.suppress(StoreError):
+                await asyncio.shield(self.mgr.store.record_run(run))
+            if current is not None and current.cancelling():
+                raise
+            return
+        finally:
+            self.turn_task = None
+        self.committing = True
+        try:
+            _fill(run, outcome)
+            await asyncio.shield(
+                self.mgr.store.complete_turn(
+                    self.mgr.owner, run, "\n\n".join(self.batch_texts), [Reply(text=outcome.text)]
+                )
+            )
+        finally:
+            self.committing = False
+        if live is not None:
+            await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
+
+    async def _steer(self) -> list[str]:
+        """Messages that arrived since the turn started, up to the next command."""
+        new = []
+        for item in await self.mgr.store.pending(self.skey):
+            if item.id in self.batch_ids:
+                continue
+            if _is_command(item):
+                break
+            new.append(item)
+        texts = [describe_inbound(i.message) for i in new]
+        self.batch_ids.update(i.id for i in new)
+        self.batch_texts.extend(texts)
+        if self.run is not None:
+            self.run.inbox_ids.extend(i.id for i in new)
+        return texts
+
+    async def _command(self, item: InboxItem) -> None:
+        name = item.message.command
+        if name == "reset":
+            await self.mgr.store.reset_session(self.skey)
+            text = RESET_REPLY
+        elif name == "start":
+            text = self.profile.greeting
+        else:
+            text = HELP_REPLY
+        run = RunRecord(
+            id=uuid.uuid4().hex,
+            session=self.skey,
+            started_at=time.time(),
+            status="command",
+            ended_at=time.time(),
+            inbox_ids=[item.id],
+            detail={"command": name},
+        )
+        await self.mgr.store.complete_turn(self.mgr.owner, run, "", [Reply(text=text)])
+
+    async def notice(self, text: str) -> None:
+        await self.mgr.store.enqueue_replies(self.skey, [Reply(text=text)])
+        await self.deliver()
+
+    async def deliver(self) -> None:
+        """Send stored reply parts in order; each is marked sent once the platform confirms."""
+        async with self.deliver_lock:
+            for part in await self.mgr.store.outbox_pending(self.skey):
+                await self._send(part)
+
+    async def _send(self, part: OutboundPart) -> None:
+        outlet = self.mgr.outlets.get(self.key.channel)
+        if outlet is None:
+            await self.mgr.store.mark_failed(part.id, "channel not enabled", permanent=True)
+            return
+        attempts = part.attempts
+        while True:
+            try:
+                platform_id = await outlet.send(self.key, part)
+            except ChannelError as exc:
+                error, retryable, retry_after = str(exc), exc.retryable, exc.retry_after
+            except Exception as exc:
+                log.exception("send failed", extra={"session": self.skey})
+                error, retryable, retry_after = f"{type(exc).__name__}", True, None
+            else:
+                await self.mgr.store.mark_sent(part.id, platform_id)
+                return
+            attempts += 1
+            permanent = not retryable or attempts >= self.mgr.delivery.max_attempts
+            await self.mgr.store.mark_failed(part.id, error[:500], permanent=permanent)
+            if permanent:
+                log.error(
+                    "giving up on reply part %d: %s", part.id, error, extra={"session": self.skey}
+                )
+                return
+            await asyncio.sleep(self.mgr.delivery.delay(attempts, retry_after))
+
+    def _live(self) -> LiveOutlet | None:
+        outlet = self.mgr.outlets.get(self.key.channel)
+        return outlet if isinstance(outlet, LiveOutlet) else None
+
+
+COMMANDS = frozenset({"reset", "start", "help"})
+
+
+def _is_command(item: InboxItem) -> bool:
+    return item.message.kind is MessageKind.COMMAND and item.message.command in COMMANDS
+
+
+def _fill(run: RunRecord, outcome: RunOutcome) -> None:
+    run.status = outcome.status
+    run.ended_at = time.time()
+    run.steps, run.tool_calls = outcome.steps, outcome.tool_calls
+    run.input_tokens, run.output_tokens = outcome.input_tokens, outcome.output_tokens
+    run.limits_hit = list(outcome.limits_hit)
+    run.error = outcome.error
+    run.detail = {"calls": outcome.calls, "steered": outcome.steered}
+
+
+async def _quietly(coro: Awaitable[None], skey: str) -> None:
+    """Live feedback is best effort: a failed typing indicator must not fail the run."""
+    try:
+        await coro
+    except Exception:
+        log.warning("live update failed", exc_info=True, extra={"session": skey})

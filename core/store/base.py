@@ -1,0 +1,152 @@
+"""The Store Protocol: inbox, sessions, history, outbox and runs, all durable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from core.models import InboundMessage, OutboundPart, Reply
+
+__all__ = [
+    "HistoryEntry",
+    "InboxItem",
+    "InboxStatus",
+    "PutResult",
+    "RunRecord",
+    "SessionRecord",
+    "Store",
+    "TranscriptEntry",
+]
+
+
+class InboxStatus(StrEnum):
+    PENDING = "pending"  # stored, waiting for (or inside) a turn
+    DONE = "done"  # answered by a committed turn
+    OVERFLOW = "overflow"  # kept, but over the session's queue cap: the user was told
+    DUPLICATE = "duplicate"  # a redelivery of something already stored (never stored twice)
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    id: int
+    status: InboxStatus
+
+
+@dataclass(frozen=True, slots=True)
+class InboxItem:
+    id: int
+    message: InboundMessage
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    role: str  # "user" | "assistant"
+    content: str
+    run_id: str | None
+    created_at: float
+    id: int = 0
+    reply: Reply | None = None  # for assistant entries: the reply with its buttons
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptEntry:
+    """What the person saw: each inbound message and each reply part, in time order."""
+
+    id: str  # "in-<inbox id>" or "out-<outbox id>"
+    role: str  # "user" | "assistant"
+    text: str
+    ts: float
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    key: str
+    epoch: int
+    state: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """A run as data: what it did, what it cost, which limits it hit, how it ended."""
+
+    id: str
+    session: str
+    started_at: float
+    status: str = "running"  # ok | limit | timeout | model_error | cancelled | error
+    ended_at: float | None = None
+    steps: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    limits_hit: list[str] = field(default_factory=list)
+    error: str | None = None
+    inbox_ids: list[int] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class Store(Protocol):
+    """Durable state. Implementations: SQLite (embedded default); PostgreSQL (scale-out)."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise StoreError when the store cannot serve requests."""
+
+    # inbox
+    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
+        """Store a message once (dedupe on channel + account + platform id), durably."""
+
+    async def pending(self, session: str) -> list[InboxItem]:
+        """Messages of the session not yet answered, oldest first."""
+
+    async def sessions_with_work(self) -> list[str]:
+        """Sessions with pending inbox messages or undelivered outbox parts."""
+
+    # sessions and history
+    async def get_session(self, session: str) -> SessionRecord: ...
+
+    async def set_state(self, session: str, state: dict[str, Any]) -> None: ...
+
+    async def reset_session(self, session: str) -> None:
+        """Start a fresh conversation: history and state are no longer shown to the model."""
+
+    async def history(self, session: str, limit: int) -> list[HistoryEntry]:
+        """The newest `limit` entries of the current epoch, oldest first."""
+
+    async def transcript(self, session: str, limit: int) -> list[TranscriptEntry]:
+        """The newest `limit` inbound messages and reply parts since the last reset."""
+
+    # turns and outbox
+    async def complete_turn(
+        self,
+        owner: str,
+        run: RunRecord,
+        user_text: str,
+        replies: list[Reply],
+    ) -> list[OutboundPart]:
+        """In one transaction: mark the run's inbox messages answered, append history, store
+        the reply parts in the outbox and record the run. Raises StoreError if `owner` no
+        longer holds the session's lease (then nothing is written)."""
+
+    async def record_run(self, run: RunRecord) -> None:
+        """Record a run that produced no committed reply (cancelled, failed)."""
+
+    async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
+        """Store reply parts that answer no inbox message (notices, greetings)."""
+
+    async def outbox_pending(self, session: str) -> list[OutboundPart]: ...
+
+    async def mark_sent(self, part_id: int, platform_id: str | None) -> None: ...
+
+    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None: ...
+
+    # leases: one runner per session, across processes
+    async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool: ...
+
+    async def renew_lease(self, session: str, owner: str, ttl: float) -> bool: ...
+
+    async def release_lease(self, session: str, owner: str) -> None: ...

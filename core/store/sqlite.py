@@ -1,0 +1,569 @@
+"""SQLite store (aiosqlite, WAL): the embedded default for one gateway process.
+
+Writes go through one writer task that groups whatever is queued into a single transaction,
+so a burst of webhooks costs one fsync, not one each. Reads use their own connection; WAL lets
+them run beside the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from core.errors import StoreError
+from core.models import InboundMessage, OutboundPart, Reply
+from core.store.base import (
+    HistoryEntry,
+    InboxItem,
+    InboxStatus,
+    PutResult,
+    RunRecord,
+    SessionRecord,
+    TranscriptEntry,
+)
+
+__all__ = ["SqliteStore"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+WriteOp = Callable[[aiosqlite.Connection], Awaitable[Any]]
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    platform_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL,
+    run_id TEXT,
+    received_at REAL NOT NULL,
+    UNIQUE (channel, account, platform_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (session, id) WHERE status = 'pending';
+CREATE TABLE IF NOT EXISTS sessions (
+    key TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT '{}',
+    last_activity REAL,
+    reset_at REAL NOT NULL DEFAULT 0,
+    lease_owner TEXT,
+    lease_until REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reply TEXT,
+    run_id TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_session ON messages (session, epoch, id);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    run_id TEXT,
+    seq INTEGER NOT NULL,
+    reply TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    platform_id TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    sent_at REAL
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (session, id) WHERE status = 'pending';
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    steps INTEGER NOT NULL,
+    tool_calls INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    limits_hit TEXT NOT NULL,
+    error TEXT,
+    inbox_ids TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_session ON runs (session, started_at);
+"""
+
+
+class _Op:
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: WriteOp, future: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.future = future
+
+
+class SqliteStore:
+    """Store on one SQLite file; `path` may be ":memory:" only for single-connection use."""
+
+    def __init__(self, path: str | Path, *, max_batch: int = 512) -> None:
+        self._path = str(path)
+        self._max_batch = max_batch
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._read_lock = asyncio.Lock()
+        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    # lifecycle
+
+    async def start(self) -> None:
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._writer = await self._connect()
+            await self._writer.executescript(SCHEMA)
+            async with self._writer.execute("SELECT version FROM schema_version") as cur:
+                row = await cur.fetchone()
+            if row is None:
+                await self._writer.execute(
+                    "INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,)
+                )
+            await self._writer.commit()
+            self._reader = self._writer if self._path == ":memory:" else await self._connect()
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
+        self._task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
+
+    async def _connect(self) -> aiosqlite.Connection:
+        conn = await aiosqlite.connect(self._path, isolation_level=None)
+        await conn.execute("PRAGMA journal_mode=WAL")
+        await conn.execute("PRAGMA synchronous=FULL")
+        await conn.execute("PRAGMA busy_timeout=5000")
+        await conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            await self._queue.join()  # let queued writes finish, then stop the writer
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
+            await conn.close()
+        self._reader = self._writer = None
+
+    async def ping(self) -> None:
+        await self._read(lambda c: _fetchone(c, "SELECT 1"))
+
+    # write path: one writer, grouped commits
+
+    async def _write(self, fn: WriteOp) -> Any:
+        if self._task is None or self._task.done():
+            raise StoreError("store is not running")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Op(fn, fut))
+        return await asyncio.shield(fut)
+
+    async def _write_loop(self) -> None:
+        assert self._writer is not None
+        conn = self._writer
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._run_batch(conn, batch)
+            except asyncio.CancelledError:
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(StoreError("store closed"))
+                raise
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _run_batch(self, conn: aiosqlite.Connection, batch: list[_Op]) -> None:
+        try:
+            await conn.execute("BEGIN IMMEDIATE")
+            results = [await op.fn(conn) for op in batch]
+            await conn.execute("COMMIT")
+        except Exception as exc:
+            await _rollback(conn)
+            if len(batch) > 1:  # one bad op must not fail its neighbours: redo them one by one
+                for op in batch:
+                    await self._run_batch(conn, [op])
+                return
+            if isinstance(exc, _LeaseLost):
+                error = StoreError(str(exc))
+            else:
+                log.error("store write failed", exc_info=exc)
+                error = StoreError(f"store write failed: {exc}")
+            if not batch[0].future.done():
+                batch[0].future.set_exception(error)
+            return
+        for op, result in zip(batch, results, strict=True):
+            if not op.future.done():
+                op.future.set_result(result)
+
+    async def _read(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
+        if self._reader is None:
+            raise StoreError("store is not running")
+        try:
+            async with self._read_lock:
+                return await fn(self._reader)
+        except sqlite3.Error as exc:
+            raise StoreError(f"store read failed: {exc}") from exc
+
+    # inbox
+
+    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
+        payload = msg.model_dump_json()
+
+        async def op(c: aiosqlite.Connection) -> PutResult:
+            row = await _fetchone(
+                c,
+                "SELECT id FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
+                (msg.channel, msg.account, msg.platform_id),
+            )
+            if row is not None:
+                return PutResult(row[0], InboxStatus.DUPLICATE)
+            queued = await _fetchone(
+                c, "SELECT count(*) FROM inbox WHERE session = ? AND status = 'pending'", (session,)
+            )
+            status = InboxStatus.PENDING if queued[0] < max_pending else InboxStatus.OVERFLOW
+            cur = await c.execute(
+                "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
+                " received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session,
+                    msg.channel,
+                    msg.account,
+                    msg.platform_id,
+                    payload,
+                    status,
+                    msg.received_at,
+                ),
+            )
+            await c.execute(
+                "INSERT INTO sessions (key, last_activity) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET last_activity = excluded.last_activity",
+                (session, time.time()),
+            )
+            assert cur.lastrowid is not None
+            return PutResult(cur.lastrowid, status)
+
+        result: PutResult = await self._write(op)
+        return result
+
+    async def pending(self, session: str) -> list[InboxItem]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c,
+                "SELECT id, payload FROM inbox WHERE session = ? AND status = 'pending'"
+                " ORDER BY id",
+                (session,),
+            )
+        )
+        return [InboxItem(r[0], InboundMessage.model_validate_json(r[1])) for r in rows]
+
+    async def sessions_with_work(self) -> list[str]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c,
+                "SELECT session FROM inbox WHERE status = 'pending'"
+                " UNION SELECT session FROM outbox WHERE status = 'pending'",
+            )
+        )
+        return [r[0] for r in rows]
+
+    # sessions and history
+
+    async def get_session(self, session: str) -> SessionRecord:
+        row = await self._read(
+            lambda c: _fetchone(c, "SELECT epoch, state FROM sessions WHERE key = ?", (session,))
+        )
+        if row is None:
+            return SessionRecord(session, 0, {})
+        return SessionRecord(session, row[0], json.loads(row[1]))
+
+    async def set_state(self, session: str, state: dict[str, Any]) -> None:
+        text = json.dumps(state)
+
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "INSERT INTO sessions (key, state) VALUES (?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET state = excluded.state",
+                (session, text),
+            )
+
+        await self._write(op)
+
+    async def reset_session(self, session: str) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "INSERT INTO sessions (key, epoch, reset_at) VALUES (?, 1, ?)"
+                " ON CONFLICT (key) DO UPDATE SET epoch = epoch + 1, state = '{}',"
+                " reset_at = excluded.reset_at",
+                (session, time.time()),
+            )
+
+        await self._write(op)
+
+    async def history(self, session: str, limit: int) -> list[HistoryEntry]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c,
+                "SELECT m.id, m.role, m.content, m.run_id, m.created_at, m.reply FROM messages m"
+                " WHERE m.session = ? AND m.epoch = (SELECT coalesce(max(epoch), 0)"
+                " FROM sessions WHERE key = ?) ORDER BY m.id DESC LIMIT ?",
+                (session, session, limit),
+            )
+        )
+        return [
+            HistoryEntry(
+                role=r[1],
+                content=r[2],
+                run_id=r[3],
+                created_at=r[4],
+                id=r[0],
+                reply=Reply.model_validate_json(r[5]) if r[5] else None,
+            )
+            for r in reversed(rows)
+        ]
+
+    async def transcript(self, session: str, limit: int) -> list[TranscriptEntry]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c,
+                "WITH since AS (SELECT coalesce(max(reset_at), 0) AS t FROM sessions WHERE key = ?)"
+                " SELECT * FROM ("
+                " SELECT 'in-' || id, 'user', payload, received_at AS ts FROM inbox, since"
+                "  WHERE session = ? AND received_at >= since.t"
+                " UNION ALL"
+                " SELECT 'out-' || id, 'assistant', reply, created_at AS ts FROM outbox, since"
+                "  WHERE session = ? AND created_at >= since.t"
+                ") ORDER BY ts DESC LIMIT ?",
+                (session, session, session, limit),
+            )
+        )
+        out = []
+        for entry_id, role, payload, ts in reversed(rows):
+            if role == "user":
+                msg = InboundMessage.model_validate_json(payload)
+                out.append(TranscriptEntry(entry_id, role, msg.text, ts))
+            else:
+                reply = Reply.model_validate_json(payload)
+                out.append(TranscriptEntry(entry_id, role, reply.text, ts, reply))
+        return out
+
+    # turns and outbox
+
+    async def complete_turn(
+        self, owner: str, run: RunRecord, user_text: str, replies: list[Reply]
+    ) -> list[OutboundPart]:
+        async def op(c: aiosqlite.Connection) -> list[OutboundPart]:
+            row = await _fetchone(
+                c, "SELECT lease_owner, epoch FROM sessions WHERE key = ?", (run.session,)
+            )
+            if row is None or row[0] != owner:
+                raise _LeaseLost(run.session)
+            epoch, now = row[1], time.time()
+            marks = ",".join("?" * len(run.inbox_ids))
+            await c.execute(
+                f"UPDATE inbox SET status = 'done', run_id = ? WHERE id IN ({marks})"
+                " AND status = 'pending'",
+                (run.id, *run.inbox_ids),
+            )
+            if user_text:
+                await c.execute(
+                    "INSERT INTO messages (session, epoch, role, content, run_id, created_at)"
+                    " VALUES (?, ?, 'user', ?, ?, ?)",
+                    (run.session, epoch, user_text, run.id, now),
+                )
+            for reply in replies:
+                await c.execute(
+                    "INSERT INTO messages (session, epoch, role, content, reply, run_id,"
+                    " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
+                    (run.session, epoch, reply.text, reply.model_dump_json(), run.id, now),
+                )
+            await _insert_run(c, run)
+            return await _insert_outbox(c, run.session, run.id, replies)
+
+        parts: list[OutboundPart] = await self._write(op)
+        return parts
+
+    async def record_run(self, run: RunRecord) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await _insert_run(c, run)
+
+        await self._write(op)
+
+    async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
+        async def op(c: aiosqlite.Connection) -> list[OutboundPart]:
+            row = await _fetchone(c, "SELECT epoch FROM sessions WHERE key = ?", (session,))
+            epoch, now = (row[0] if row else 0), time.time()
+            for reply in replies:
+                await c.execute(
+                    "INSERT INTO messages (session, epoch, role, content, reply, created_at)"
+                    " VALUES (?, ?, 'assistant', ?, ?, ?)",
+                    (session, epoch, reply.text, reply.model_dump_json(), now),
+                )
+            return await _insert_outbox(c, session, None, replies)
+
+        parts: list[OutboundPart] = await self._write(op)
+        return parts
+
+    async def outbox_pending(self, session: str) -> list[OutboundPart]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c,
+                "SELECT id, run_id, seq, reply, attempts FROM outbox"
+                " WHERE session = ? AND status = 'pending' ORDER BY id",
+                (session,),
+            )
+        )
+        return [
+            OutboundPart(
+                id=r[0],
+                session=session,
+                run_id=r[1],
+                seq=r[2],
+                reply=Reply.model_validate_json(r[3]),
+                attempts=r[4],
+            )
+            for r in rows
+        ]
+
+    async def mark_sent(self, part_id: int, platform_id: str | None) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "UPDATE outbox SET status = 'sent', platform_id = ?, sent_at = ?,"
+                " attempts = attempts + 1 WHERE id = ?",
+                (platform_id, time.time(), part_id),
+            )
+
+        await self._write(op)
+
+    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None:
+        status = "failed" if permanent else "pending"
+
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "UPDATE outbox SET status = ?, error = ?, attempts = attempts + 1 WHERE id = ?",
+                (status, error, part_id),
+            )
+
+        await self._write(op)
+
+    # leases
+
+    async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
+        async def op(c: aiosqlite.Connection) -> bool:
+            now = time.time()
+            cur = await c.execute(
+                "INSERT INTO sessions (key, lease_owner, lease_until) VALUES (?, ?, ?)"
+                " ON CONFLICT (key) DO UPDATE SET lease_owner = excluded.lease_owner,"
+                " lease_until = excluded.lease_until"
+                " WHERE sessions.lease_owner IS NULL OR sessions.lease_owner = excluded.lease_owner"
+                " OR sessions.lease_until < ?",
+                (session, owner, now + ttl, now),
+            )
+            return cur.rowcount > 0
+
+        acquired: bool = await self._write(op)
+        return acquired
+
+    async def renew_lease(self, session: str, owner: str, ttl: float) -> bool:
+        async def op(c: aiosqlite.Connection) -> bool:
+            cur = await c.execute(
+                "UPDATE sessions SET lease_until = ? WHERE key = ? AND lease_owner = ?",
+                (time.time() + ttl, session, owner),
+            )
+            return cur.rowcount > 0
+
+        renewed: bool = await self._write(op)
+        return renewed
+
+    async def release_lease(self, session: str, owner: str) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
+                " WHERE key = ? AND lease_owner = ?",
+                (session, owner),
+            )
+
+        await self._write(op)
+
+
+class _LeaseLost(Exception):
+    def __init__(self, session: str) -> None:
+        super().__init__(f"lease on {session} is no longer held")
+
+
+async def _rollback(conn: aiosqlite.Connection) -> None:
+    with contextlib.suppress(sqlite3.Error):
+        await conn.execute("ROLLBACK")
+
+
+async def _fetchone(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
+    async with c.execute(sql, args) as cur:
+        return await cur.fetchone()
+
+
+async def _fetchall(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    async with c.execute(sql, args) as cur:
+        return list(await cur.fetchall())
+
+
+async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
+    d = asdict(run)
+    await c.execute(
+        "INSERT OR REPLACE INTO runs (id, session, status, started_at, ended_at, steps,"
+        " tool_calls, input_tokens, output_tokens, limits_hit, error, inbox_ids, detail)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            run.id,
+            run.session,
+            run.status,
+            run.started_at,
+            run.ended_at,
+            run.steps,
+            run.tool_calls,
+            run.input_tokens,
+            run.output_tokens,
+            json.dumps(d["limits_hit"]),
+            run.error,
+            json.dumps(d["inbox_ids"]),
+            json.dumps(d["detail"], default=str),
+        ),
+    )
+
+
+async def _insert_outbox(
+    c: aiosqlite.Connection, session: str, run_id: str | None, replies: list[Reply]
+) -> list[OutboundPart]:
+    parts = []
+    now = time.time()
+    for seq, reply in enumerate(replies):
+        cur = await c.execute(
+            "INSERT INTO outbox (session, run_id, seq, reply, created_at) VALUES (?, ?, ?, ?, ?)",
+            (session, run_id, seq, reply.model_dump_json(), now),
+        )
+        assert cur.lastrowid is not None
+        parts.append(
+            OutboundPart(id=cur.lastrowid, session=session, run_id=run_id, seq=seq, reply=reply)
+        )
+    return parts

@@ -1,0 +1,89 @@
+"""The aiohttp application: routes, middleware and the runtime's lifecycle."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from channels.base import ChannelAdapter
+from channels.web import WebChat
+from core.agent.model import ModelClient
+from core.errors import StoreError
+from core.store import Store
+from gateway import webchat
+from gateway.http import error_middleware
+from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
+from gateway.runtime import Runtime
+from gateway.settings import Settings
+
+__all__ = ["build_app"]
+
+log = logging.getLogger(__name__)
+METRICS = web.AppKey("metrics", CollectorRegistry)
+
+
+def build_app(
+    settings: Settings, *, store: Store | None = None, model: ModelClient | None = None
+) -> web.Application:
+    """The gateway as an aiohttp app; `store` and `model` replace the configured ones (tests)."""
+    app = web.Application(
+        client_max_size=settings.server.max_body_bytes, middlewares=[error_middleware]
+    )
+    app[SETTINGS] = settings
+    chat = WebChat()
+    app[WEBCHAT] = chat
+    channels: dict[str, ChannelAdapter] = {}
+    if settings.channels.web.enabled:
+        channels[chat.name] = chat
+        webchat.add_routes(app)
+    runtime = Runtime.build(settings, channels, store=store, model=model)
+    app[RUNTIME] = runtime
+    app[METRICS] = _metrics(runtime)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await runtime.start()
+        yield
+        await runtime.aclose()
+
+    async def close_streams(app: web.Application) -> None:
+        chat.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.on_shutdown.append(close_streams)
+    return app
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    try:
+        await request.app[RUNTIME].store.ping()
+    except StoreError as exc:
+        log.warning("not ready: %s", exc)
+        return web.json_response({"status": "unavailable", "store": "unreachable"}, status=503)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def _metrics(runtime: Runtime) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    active = Gauge(
+        "switchboard_active_sessions",
+        "Sessions with a runner in memory (work in progress or queued).",
+        registry=registry,
+    )
+    active.set_function(lambda: runtime.manager.active())
+    return registry

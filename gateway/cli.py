@@ -1,0 +1,113 @@
+"""`switchboard run | chat | check`: config errors are messages naming keys, never tracebacks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from channels.console import Console
+from core.errors import ConfigError, StoreError
+from gateway.app import build_app
+from gateway.logs import setup_logging
+from gateway.runtime import Runtime
+from gateway.settings import DEFAULT_CONFIG, Settings, config_path, load_settings, settings_warnings
+
+__all__ = ["main"]
+
+log = logging.getLogger("switchboard")
+EXIT_CONFIG = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="switchboard", description="One AI agent on WhatsApp, Telegram, Slack and the web."
+    )
+    parser.add_argument("--log-level", default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("run", "serve the gateway"),
+        ("chat", "talk to the agent in this terminal"),
+        ("check", "validate the configuration and report each problem by key"),
+    ):
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        _print_problems(exc.problems, args.config)
+        return EXIT_CONFIG
+    for key, msg in settings_warnings(settings):
+        print(f"warning: {key}: {msg}", file=sys.stderr)
+    if args.command == "check":
+        return _check(settings, args.config)
+    try:
+        if args.command == "run":
+            return _run(settings)
+        return asyncio.run(_chat(settings))
+    except StoreError as exc:
+        print(f"error: store: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
+    where = config_path(path)
+    print(f"config error ({where or 'defaults'}):", file=sys.stderr)
+    for key, msg in problems:
+        print(f"  {key}: {msg}", file=sys.stderr)
+
+
+def _check(settings: Settings, path: str | None) -> int:
+    print(f"config ok: {config_path(path) or 'built-in defaults'}")
+    s = settings
+    enabled = [
+        n for n in ("web", "telegram", "slack", "whatsapp") if getattr(s.channels, n).enabled
+    ]
+    print(f"  store: {s.store.url}")
+    print(f"  model: {s.model.provider}" + (f" ({s.model.name})" if s.model.name else ""))
+    print(f"  channels: {', '.join(enabled) or 'none'}")
+    print(f"  web chat: http://{s.server.host}:{s.server.port}/")
+    return 0
+
+
+def _run(settings: Settings) -> int:
+    app = build_app(settings)
+    host, port = settings.server.host, settings.server.port
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        shutdown_timeout=5.0,
+        access_log=None,
+        print=lambda _: print(f"Switchboard serving on http://{host}:{port}/ (Ctrl+C to stop)"),
+    )
+    return 0
+
+
+async def _chat(settings: Settings) -> int:
+    console = Console(user=os.environ.get("USER") or "you")
+    runtime = Runtime.build(settings, {console.name: console})
+    await runtime.start()
+    if sys.stdin.isatty():
+        print("Chatting with the agent. /reset starts over, Ctrl+D quits.")
+    try:
+        while True:
+            line = await asyncio.to_thread(sys.stdin.readline)
+            if not line:
+                break
+            msg = console.parse(line)
+            if msg is not None:
+                await runtime.manager.submit(msg)
+        await runtime.manager.wait_idle()
+    finally:
+        await runtime.aclose()
+    return 0

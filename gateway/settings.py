@@ -1,0 +1,307 @@
+"""Typed configuration, read once: one TOML file, ${VAR} interpolation, SWITCHBOARD__* overrides.
+
+Precedence: environment (SWITCHBOARD__SECTION__KEY) over the file over defaults. Every problem
+is reported as (dotted key, message) through ConfigError; nothing here ever shows a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from core.errors import ConfigError
+from core.sessions import QueueMode
+
+__all__ = ["DEFAULT_CONFIG", "EXAMPLE_CONFIG", "Settings", "load_settings", "settings_warnings"]
+
+DEFAULT_CONFIG = Path("config/switchboard.toml")
+EXAMPLE_CONFIG = Path("config/switchboard.example.toml")
+ENV_PREFIX = "SWITCHBOARD__"
+
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful, concise assistant for a business. Answer from the knowledge base using "
+    "the search_knowledge tool; if it has no answer, say so plainly and do not invent facts, "
+    "prices or times."
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    public_url: str | None = None
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
+
+
+class StoreSettings(_Section):
+    url: str = "sqlite:///data/switchboard.db"
+
+
+class ModelSettings(_Section):
+    provider: Literal["offline", "openai", "anthropic"] = "offline"
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    name: str | None = None
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    stream: bool = True
+    max_retries: int = Field(default=3, ge=0, le=10)
+
+
+class LimitsSettings(_Section):
+    max_steps: int = Field(default=5, ge=1, le=50)
+    max_tool_calls: int = Field(default=6, ge=0, le=100)
+    max_output_tokens: int = Field(default=350, ge=16, le=32_000)
+    token_budget: int = Field(default=7000, ge=256, le=2_000_000)
+    run_timeout_s: float = Field(default=45.0, gt=0, le=3600)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+
+
+class AgentSettings(_Section):
+    instructions: str = DEFAULT_INSTRUCTIONS
+    knowledge_dir: str = "config/knowledge"
+    queue_mode: QueueMode = QueueMode.COLLECT
+    history_turns: int = Field(default=10, ge=0, le=200)
+    debounce_ms: int = Field(default=0, ge=0, le=60_000)
+    max_concurrent_runs: int = Field(default=8, ge=1, le=10_000)
+    max_pending: int = Field(default=100, ge=1, le=10_000)
+    greeting: str = "Hello! How can I help you today?"
+    limits: LimitsSettings = LimitsSettings()
+
+
+class WebChannelSettings(_Section):
+    enabled: bool = True
+
+
+class TelegramSettings(_Section):
+    enabled: bool = False
+    token: SecretStr | None = None
+    webhook_secret: SecretStr | None = None
+    mode: Literal["webhook", "polling"] | None = None  # default: webhook when public_url is set
+    api_base: str = "https://api.telegram.org"
+
+
+class SlackSettings(_Section):
+    enabled: bool = False
+    bot_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    mode: Literal["events", "socket"] = "events"
+    app_token: SecretStr | None = None
+    api_base: str = "https://slack.com/api"
+
+
+class WhatsAppSettings(_Section):
+    enabled: bool = False
+    access_token: SecretStr | None = None
+    app_secret: SecretStr | None = None
+    verify_token: SecretStr | None = None
+    phone_number_id: str | None = None
+    api_base: str = "https://graph.facebook.com"
+    api_version: str = "v21.0"
+
+
+class ChannelsSettings(_Section):
+    web: WebChannelSettings = WebChannelSettings()
+    telegram: TelegramSettings = TelegramSettings()
+    slack: SlackSettings = SlackSettings()
+    whatsapp: WhatsAppSettings = WhatsAppSettings()
+
+
+_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("switchboard_file_data")
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The (already interpolated) TOML file, below the environment in precedence."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _FILE_DATA.get({}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get({}))
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    server: ServerSettings = ServerSettings()
+    store: StoreSettings = StoreSettings()
+    model: ModelSettings = ModelSettings()
+    agent: AgentSettings = AgentSettings()
+    channels: ChannelsSettings = ChannelsSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @property
+    def telegram_mode(self) -> str:
+        tg = self.channels.telegram
+        return tg.mode or ("webhook" if self.server.public_url else "polling")
+
+    def sqlite_path(self) -> str:
+        """The file path of a sqlite: store URL (relative paths are relative to the cwd)."""
+        return self.store.url.removeprefix("sqlite://").removeprefix("/") or ":memory:"
+
+
+def config_path(path: str | Path | None) -> Path | None:
+    """The file to read: the one given, else config/switchboard.toml, else the example."""
+    if path is not None:
+        return Path(path)
+    for candidate in (DEFAULT_CONFIG, EXAMPLE_CONFIG):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Read, interpolate, override and validate the configuration, or raise ConfigError."""
+    env = os.environ if environ is None else environ
+    file = config_path(path)
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            with file.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError([("config", f"file not found: {file}")]) from None
+        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+            raise ConfigError([("config", f"{file} is not valid TOML: {exc}")]) from None
+    problems: list[tuple[str, str]] = []
+    data = _interpolate(data, env, "", problems)
+    if problems:
+        raise ConfigError(problems)
+    token = _FILE_DATA.set(data)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise ConfigError([_problem(err) for err in exc.errors()]) from None
+    finally:
+        _FILE_DATA.reset(token)
+    problems = semantic_problems(settings)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(
+    value: Any, env: Mapping[str, str], key: str, problems: list[tuple[str, str]]
+) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _interpolate(v, env, f"{key}.{k}" if key else k, problems) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_interpolate(v, env, f"{key}[{i}]", problems) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def repl(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env:
+            return env[name]
+        if default is not None:
+            return default
+        problems.append((key, f"environment variable {name} is not set"))
+        return ""
+
+    return _VAR.sub(repl, value)
+
+
+def _problem(err: Any) -> tuple[str, str]:
+    key = ".".join(str(p) for p in err["loc"]) or "config"
+    if err["type"] == "extra_forbidden":
+        return key, "unknown key"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return key, msg
+
+
+def semantic_problems(s: Settings) -> list[tuple[str, str]]:
+    """Rules that span keys. Channels fail closed: enabled without their secrets is an error."""
+    p: list[tuple[str, str]] = []
+
+    def need(key: str, value: object) -> None:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if not text:
+            p.append((key, "required when the channel is enabled"))
+
+    if not s.store.url.startswith(("sqlite:", "postgresql:", "postgres:")):
+        p.append(("store.url", 'must start with "sqlite:///" or "postgresql://"'))
+    elif s.store.url.startswith("sqlite:") and not s.store.url.startswith("sqlite:///"):
+        p.append(("store.url", 'a SQLite URL looks like "sqlite:///data/switchboard.db"'))
+    elif s.store.url.startswith("postgres"):
+        p.append(("store.url", "the PostgreSQL store is not available in this version yet"))
+    if s.model.provider == "openai" and not s.model.name:
+        p.append(("model.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
+    if s.model.provider == "anthropic":
+        p.append(("model.provider", '"anthropic" is not available in this version yet'))
+    if s.model.base_url is not None and not s.model.base_url.startswith(("http://", "https://")):
+        p.append(("model.base_url", "must be an http:// or https:// URL"))
+    if s.model.provider == "openai" and s.model.base_url is None and s.model.api_key is None:
+        p.append(("model.api_key", "required for the OpenAI API (or set model.base_url)"))
+    url = s.server.public_url
+    if url is not None and not url.startswith(("https://", "http://")):
+        p.append(("server.public_url", "must be an http:// or https:// URL"))
+
+    tg = s.channels.telegram
+    if tg.enabled:
+        need("channels.telegram.token", tg.token)
+        if s.telegram_mode == "webhook":
+            need("channels.telegram.webhook_secret", tg.webhook_secret)
+            if s.server.public_url is None:
+                p.append(("server.public_url", 'required for channels.telegram.mode = "webhook"'))
+    sl = s.channels.slack
+    if sl.enabled:
+        need("channels.slack.bot_token", sl.bot_token)
+        need("channels.slack.signing_secret", sl.signing_secret)
+        if sl.mode == "socket":
+            need("channels.slack.app_token", sl.app_token)
+    wa = s.channels.whatsapp
+    if wa.enabled:
+        need("channels.whatsapp.access_token", wa.access_token)
+        need("channels.whatsapp.app_secret", wa.app_secret)
+        need("channels.whatsapp.verify_token", wa.verify_token)
+        need("channels.whatsapp.phone_number_id", wa.phone_number_id)
+    if not Path(s.agent.knowledge_dir).is_dir():
+        p.append(("agent.knowledge_dir", f"not a directory: {s.agent.knowledge_dir}"))
+    return p
+
+
+def settings_warnings(s: Settings) -> list[tuple[str, str]]:
+    """Valid but worth saying: things that will not do what the operator may expect."""
+    w: list[tuple[str, str]] = []
+    for name in ("telegram", "slack", "whatsapp"):
+        if getattr(s.channels, name).enabled:
+            w.append(
+                (f"channels.{name}.enabled", "this channel is not available in this version yet")
+            )
+    if not (
+        s.channels.web.enabled
+        or any(getattr(s.channels, n).enabled for n in ("telegram", "slack", "whatsapp"))
+    ):
+        w.append(("channels", "no channel is enabled; only `switchboard chat` can reach the agent"))
+    return w
