@@ -50,7 +50,7 @@ def build_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
         yield
-        await runtime.aclose()
+        await runtime.aclose(settings.server.shutdown_grace_s)
 
     async def close_streams(app: web.Application) -> None:
         chat.close()

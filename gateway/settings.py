@@ -43,6 +43,7 @@ class ServerSettings(_Section):
     port: int = Field(default=8080, ge=0, le=65535)
     public_url: str | None = None
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
 
 
 class StoreSettings(_Section):

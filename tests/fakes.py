@@ -1,0 +1,95 @@
+"""In-process fakes of our Protocols. They fail loudly on anything they do not support."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.errors import ChannelError
+from core.models import OutboundPart, SessionKey
+
+__all__ = ["RecordingOutlet", "ScriptedModel", "calls", "text"]
+
+
+@dataclass
+class ScriptedModel:
+    """Replays hand-written responses; a callable step is given the request."""
+
+    steps: deque[ModelResponse | Callable[[ModelRequest], ModelResponse]] = field(
+        default_factory=deque
+    )
+    requests: list[ModelRequest] = field(default_factory=list)
+    delay_s: float = 0.0
+
+    def add(self, *steps: ModelResponse | Callable[[ModelRequest], ModelResponse]) -> None:
+        self.steps.extend(steps)
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelResponse:
+        self.requests.append(request)
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if not self.steps:
+            raise AssertionError(f"ScriptedModel has no step left for call {len(self.requests)}")
+        step = self.steps.popleft()
+        response = step(request) if callable(step) else step
+        if response.text and on_delta is not None:
+            await on_delta(response.text)
+        return response
+
+    async def aclose(self) -> None:
+        return None
+
+
+def text(t: str, **kw: Any) -> ModelResponse:
+    return ModelResponse(
+        text=t,
+        input_tokens=kw.pop("input_tokens", 50),
+        output_tokens=kw.pop("output_tokens", 10),
+        finish_reason="stop",
+        **kw,
+    )
+
+
+def calls(*pairs: tuple[str, str], **kw: Any) -> ModelResponse:
+    return ModelResponse(
+        text=kw.pop("text", ""),
+        tool_calls=tuple(ToolCall(f"c{i}", n, a) for i, (n, a) in enumerate(pairs)),
+        input_tokens=kw.pop("input_tokens", 50),
+        output_tokens=kw.pop("output_tokens", 10),
+        finish_reason="tool_calls",
+    )
+
+
+@dataclass
+class RecordingOutlet:
+    """An Outlet (and LiveOutlet) that records what it was asked to deliver."""
+
+    sent: list[tuple[SessionKey, OutboundPart]] = field(default_factory=list)
+    events: list[tuple[str, SessionKey, str]] = field(default_factory=list)
+    fail_with: deque[ChannelError] = field(default_factory=deque)
+    name: str = "test"
+    output_rules: str = ""
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        if self.fail_with:
+            raise self.fail_with.popleft()
+        self.sent.append((key, part))
+        return f"p{part.id}"
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None:
+        self.events.append(("started", key, run_id))
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        self.events.append(("delta", key, text))
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        self.events.append(("discarded" if discarded else "ended", key, run_id))
+
+    def texts(self, key: SessionKey | None = None) -> list[str]:
+        return [p.reply.text for k, p in self.sent if key is None or k == key]

@@ -1,0 +1,284 @@
+"""End to end over HTTP: the real app on a random port, the web chat API, a fake model server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from aiohttp import web
+
+from gateway.app import build_app
+from gateway.settings import load_settings
+from tests.fake_openai import Error, FakeOpenAI, Text, ToolCalls, last_user_text
+
+SSE_TIMEOUT = 15.0
+
+
+class Gateway:
+    def __init__(self, runner: web.AppRunner, url: str) -> None:
+        self.runner, self.url = runner, url
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_config(tmp_path: Path, model_url: str | None, extra: str = "") -> Path:
+    model = (
+        f'[model]\nprovider = "openai"\nbase_url = "{model_url}"\nname = "fake"\nmax_retries = 1\n'
+        if model_url
+        else '[model]\nprovider = "offline"\n'
+    )
+    path = tmp_path / "switchboard.toml"
+    path.write_text(
+        f"[server]\nport = {_free_port()}\nmax_body_bytes = 4096\nshutdown_grace_s = 0.3\n"
+        f'[store]\nurl = "sqlite:///{tmp_path}/sb.db"\n{model}{extra}'
+    )
+    return path
+
+
+@pytest_asyncio.fixture
+async def start_gateway() -> AsyncIterator[Callable[..., Any]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(config: Path) -> Gateway:
+        settings = load_settings(config)
+        runner = web.AppRunner(build_app(settings), shutdown_timeout=1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", settings.server.port)
+        await site.start()
+        runners.append(runner)
+        return Gateway(runner, f"http://127.0.0.1:{settings.server.port}")
+
+    yield start
+    for r in runners:
+        await r.cleanup()
+
+
+async def post(client: httpx.AsyncClient, text: str, cid: str) -> httpx.Response:
+    return await client.post("/chat/messages", json={"text": text, "client_id": cid})
+
+
+@contextlib.asynccontextmanager
+async def browser(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    """A browser that has loaded the page, so it holds a chat session cookie."""
+    async with gw.client() as client:
+        page = await client.get("/")
+        assert page.status_code == 200
+        assert "switchboard_chat" in client.cookies
+        yield client
+
+
+async def wait_replies(client: httpx.AsyncClient, count: int) -> list[dict[str, Any]]:
+    """Poll the transcript until it holds `count` assistant messages."""
+    async with asyncio.timeout(SSE_TIMEOUT):
+        while True:
+            data = (await client.get("/chat/history")).json()
+            replies = [m for m in data["messages"] if m["role"] == "assistant"]
+            if len(replies) >= count:
+                return replies
+            await asyncio.sleep(0.05)
+
+
+async def test_offline_answer_streams_over_sse(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    gw: Gateway = await start_gateway(write_config(tmp_path, None))
+    async with browser(gw) as client:
+        events: list[tuple[str, dict[str, Any]]] = []
+        opened = asyncio.Event()
+
+        async def listen() -> None:
+            async with client.stream("GET", "/chat/events", timeout=None) as resp:
+                assert resp.headers["content-type"].startswith("text/event-stream")
+                name = ""
+                async for line in resp.aiter_lines():
+                    if line.startswith(": connected"):
+                        opened.set()
+                    elif line.startswith("event: "):
+                        name = line[7:]
+                    elif line.startswith("data: "):
+                        events.append((name, json.loads(line[6:])))
+                        if name == "message":
+                            return
+
+        task = asyncio.create_task(listen())
+        await asyncio.wait_for(opened.wait(), 5)
+        r = await post(client, "what are your opening hours?", "q1")
+        assert r.status_code == 202
+        await asyncio.wait_for(task, SSE_TIMEOUT)
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "typing"
+    assert kinds.count("delta") > 3  # streamed word by word
+    final = events[-1][1]
+    assert "Monday" in final["text"]
+    assert "hours.md" in final["text"]
+    streamed = "".join(d["text"] for k, d in events if k == "delta")
+    assert streamed.strip() == final["text"].strip()
+
+
+async def test_two_browsers_never_see_each_other(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as a, browser(gw) as b:
+        await post(a, "I am Alice", "a1")
+        await post(b, "I am Bob", "b1")
+        ra, rb = await wait_replies(a, 1), await wait_replies(b, 1)
+        await post(a, "who am I?", "a2")
+        await wait_replies(a, 2)
+        hist_a = (await a.get("/chat/history")).json()["messages"]
+        hist_b = (await b.get("/chat/history")).json()["messages"]
+    assert ra[0]["text"] == "echo: I am Alice"
+    assert rb[0]["text"] == "echo: I am Bob"
+    assert all("Bob" not in m["text"] for m in hist_a)
+    assert all("Alice" not in m["text"] for m in hist_b)
+    for body in fake_openai.requests:
+        seen = json.dumps(body["messages"])
+        assert not ("Alice" in seen and "Bob" in seen)
+
+
+async def test_twenty_messages_to_a_slow_model_all_answered_in_order(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}", delay_s=0.1)
+    fake_openai.session_of = lambda body: "one"
+    extra = '[agent]\nqueue_mode = "followup"\n'
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url, extra))
+    async with browser(gw) as client:
+        for i in range(20):
+            assert (await post(client, f"message {i}", f"m{i}")).status_code == 202
+        replies = await wait_replies(client, 20)
+    assert [r["text"] for r in replies] == [f"echo: message {i}" for i in range(20)]
+    assert fake_openai.overlaps == 0
+    assert fake_openai.max_concurrent == 1
+
+
+async def test_duplicate_post_is_answered_once(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as client:
+        first = (await post(client, "hello", "same")).json()
+        again = (await post(client, "hello", "same")).json()
+        await wait_replies(client, 1)
+        await asyncio.sleep(0.3)
+        replies = await wait_replies(client, 1)
+    assert first["duplicate"] is False
+    assert again["duplicate"] is True
+    assert again["id"] == first["id"]
+    assert len(replies) == 1
+    assert len(fake_openai.requests) == 1
+
+
+async def test_invalid_tool_arguments_are_corrected_on_the_next_step(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script(
+        ToolCalls([("search_knowledge", '{"query": 42}')]),
+        ToolCalls([("search_knowledge", '{"query": "opening hours"}')]),
+    )
+    fake_openai.responder = lambda body: Text("We open at 8:00 on weekdays.")
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as client:
+        await post(client, "when do you open?", "q")
+        replies = await wait_replies(client, 1)
+    assert replies[0]["text"] == "We open at 8:00 on weekdays."
+    second = fake_openai.requests[1]["messages"][-1]
+    assert second["role"] == "tool"
+    assert "invalid_arguments" in second["content"]
+    assert "query" in second["content"]
+    third = fake_openai.requests[2]["messages"][-1]
+    assert "Opening hours" in third["content"]
+
+
+async def test_model_outage_gets_an_apology_and_the_queue_goes_on(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script(Error(500), Error(500))  # first try and its one retry
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as client:
+        await post(client, "first", "1")
+        await wait_replies(client, 1)
+        await post(client, "second", "2")
+        replies = await wait_replies(client, 2)
+    assert "Sorry" in replies[0]["text"]
+    assert replies[1]["text"] == "echo: second"
+
+
+async def test_restart_answers_what_was_stored_but_not_answered(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    config = write_config(tmp_path, fake_openai.url)
+    fake_openai.responder = lambda body: Text("too late", delay_s=30)
+    gw: Gateway = await start_gateway(config)
+    async with browser(gw) as client:
+        assert (await post(client, "are you there?", "r1")).status_code == 202
+        cookies = client.cookies
+    await asyncio.sleep(0.2)
+    await gw.runner.cleanup()  # the gateway stops mid-run; the message stays stored
+    fake_openai.responder = None
+    gw2: Gateway = await start_gateway(config)
+    async with httpx.AsyncClient(base_url=gw2.url, cookies=cookies, timeout=10) as again:
+        replies = await wait_replies(again, 1)
+    assert replies[0]["text"] == "echo: are you there?"
+
+
+async def test_bad_requests_get_json_errors_never_500(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    gw: Gateway = await start_gateway(write_config(tmp_path, None))
+    async with browser(gw) as client:
+        cases = [
+            (b"x" * 5000, 413),
+            (b"{not json", 400),
+            (b"\xff\xfe", 400),
+            (b"[1, 2]", 400),
+            (json.dumps({"text": "hi"}).encode(), 400),
+            (json.dumps({"text": "", "client_id": "x"}).encode(), 400),
+            (json.dumps({"text": "hi", "client_id": "bad id!"}).encode(), 400),
+            (json.dumps({"text": 5, "client_id": "x"}).encode(), 400),
+        ]
+        for body, status in cases:
+            r = await client.post(
+                "/chat/messages", content=body, headers={"Content-Type": "application/json"}
+            )
+            assert r.status_code == status, (body[:20], r.text)
+            assert "error" in r.json()
+        assert (await client.get("/nope")).status_code == 404
+        assert "error" in (await client.get("/nope")).json()
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await client.get("/readyz")).status_code == 200
+        metrics = await client.get("/metrics")
+        assert "switchboard_active_sessions" in metrics.text
+
+
+async def test_reset_via_web_chat_clears_the_transcript(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as client:
+        await post(client, "remember zebra", "1")
+        await wait_replies(client, 1)
+        await post(client, "/reset", "2")
+        async with asyncio.timeout(SSE_TIMEOUT):
+            while True:
+                history = (await client.get("/chat/history")).json()["messages"]
+                if any(m["text"].startswith("Okay, let's start over") for m in history):
+                    break
+                await asyncio.sleep(0.05)
+    assert all("zebra" not in m["text"] for m in history)
+    assert [m["role"] for m in history] == ["assistant"]

@@ -1,0 +1,427 @@
+"""The session manager: isolation, serialization, queue modes, caps, restart and delivery."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from core.agent.loop import AgentLoop, Limits
+from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.agent.sanitize import wrap_user_text
+from core.agent.tools import ToolRegistry
+from core.errors import ChannelError
+from core.models import InboundMessage, MessageKind, Sender, SessionKey
+from core.sessions import (
+    OVERFLOW_NOTICE,
+    RESET_REPLY,
+    AgentProfile,
+    DeliveryPolicy,
+    QueueMode,
+    SessionManager,
+    SessionPolicy,
+)
+from core.store import InboxStatus, SqliteStore
+from tests.fakes import RecordingOutlet
+
+_USER = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
+
+
+@dataclass
+class EchoModel:
+    """Answers "echo: <texts of the newest user messages>"; records overlap per conversation."""
+
+    delay_s: float = 0.0
+    requests: list[ModelRequest] = field(default_factory=list)
+    active: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    overlaps: int = 0
+    concurrent: int = 0
+    max_concurrent: int = 0
+    tool_first: bool = False  # first call of a turn asks for a tool, so the turn has 2 calls
+
+    async def complete(
+        self, request: ModelRequest, on_delta: DeltaSink | None = None
+    ) -> ModelResponse:
+        self.requests.append(request)
+        convo = request.messages[0].content or ""
+        self.active[convo] += 1
+        self.concurrent += 1
+        self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        if self.active[convo] > 1:
+            self.overlaps += 1
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.tool_first and not any(m.role == "tool" for m in _this_turn(request)):
+                call = ToolCall("t1", "nothing", "{}")
+                return ModelResponse("", (call,), 10, 5, "tool_calls")
+            texts = _user_texts(request)
+            answer = "echo: " + " | ".join(texts)
+            if on_delta is not None:
+                await on_delta(answer)
+            return ModelResponse(answer, (), 10, 5, "stop")
+        finally:
+            self.active[convo] -= 1
+            self.concurrent -= 1
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _this_turn(request: ModelRequest) -> list[Any]:
+    """The messages after the last assistant text reply: this turn's input and tool steps."""
+    msgs = list(request.messages)
+    start = 0
+    for i, m in enumerate(msgs):
+        if m.role == "assistant" and not m.tool_calls:
+            start = i + 1
+    return msgs[start:]
+
+
+def _user_texts(request: ModelRequest) -> list[str]:
+    out: list[str] = []
+    for m in _this_turn(request):
+        if m.role == "user":
+            out.extend(_USER.findall(m.content or ""))
+    return out
+
+
+def msg(text: str, convo: str = "c1", pid: str | None = None, **kw: Any) -> InboundMessage:
+    return InboundMessage(
+        channel="test",
+        conversation=convo,
+        sender=Sender(id=convo),
+        text=text,
+        platform_id=pid or f"{convo}-{text}-{time.monotonic_ns()}",
+        **kw,
+    )
+
+
+def key(convo: str = "c1") -> SessionKey:
+    return SessionKey("default", "test", "default", convo)
+
+
+@dataclass
+class Rig:
+    store: SqliteStore
+    model: EchoModel
+    outlet: RecordingOutlet
+    manager: SessionManager
+
+
+@pytest_asyncio.fixture
+async def make_rig(
+    store: SqliteStore,
+) -> AsyncIterator[Callable[..., Any]]:
+    managers: list[SessionManager] = []
+
+    async def make(
+        *,
+        mode: QueueMode = QueueMode.COLLECT,
+        delay_s: float = 0.0,
+        max_pending: int = 100,
+        debounce_s: float = 0.0,
+        max_runs: int = 8,
+        tool_first: bool = False,
+        model: EchoModel | None = None,
+        outlet: RecordingOutlet | None = None,
+    ) -> Rig:
+        model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
+        outlet = outlet or RecordingOutlet()
+        loop = AgentLoop(model, ToolRegistry([_Nothing()]), Limits())
+        profile = AgentProfile(
+            name="default",
+            instructions="test agent",
+            loop=loop,
+            policy=SessionPolicy(queue_mode=mode, max_pending=max_pending, debounce_s=debounce_s),
+        )
+        manager = SessionManager(
+            store,
+            {"default": profile},
+            {"test": outlet},
+            max_concurrent_runs=max_runs,
+            delivery=DeliveryPolicy(base_delay_s=0.01),
+        )
+        managers.append(manager)
+        await manager.start()
+        return Rig(store, model, outlet, manager)
+
+    yield make
+    for m in managers:
+        await m.aclose(grace_s=1)
+
+
+class _NothingArgs(__import__("pydantic").BaseModel):
+    pass
+
+
+class _Nothing:
+    name = "nothing"
+    description = "does nothing"
+    args_model = _NothingArgs
+    read_only = True
+    timeout_s = 1.0
+
+    async def __call__(self, args: Any, ctx: Any) -> dict[str, str]:
+        return {"ok": "yes"}
+
+
+async def settle(rig: Rig) -> None:
+    await asyncio.wait_for(rig.manager.wait_idle(), 10.0)
+
+
+async def test_sessions_are_isolated(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("alpha secret", "A"))
+    await rig.manager.submit(msg("bravo secret", "B"))
+    await settle(rig)
+    await rig.manager.submit(msg("second from A", "A"))
+    await settle(rig)
+    assert rig.outlet.texts(key("A")) == ["echo: alpha secret", "echo: second from A"]
+    assert rig.outlet.texts(key("B")) == ["echo: bravo secret"]
+    for request in rig.model.requests:
+        seen = " ".join(m.content or "" for m in request.messages)
+        assert not ("alpha" in seen and "bravo" in seen)
+
+
+async def test_twenty_messages_followup_in_order_never_overlapping(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, delay_s=0.02)
+    for i in range(20):
+        await rig.manager.submit(msg(f"m{i}"))
+    await settle(rig)
+    assert rig.outlet.texts() == [f"echo: m{i}" for i in range(20)]
+    assert rig.model.overlaps == 0
+    assert await rig.store.pending(str(key())) == []
+
+
+async def test_twenty_messages_collect_all_answered_in_order(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(delay_s=0.05)
+    for i in range(20):
+        await rig.manager.submit(msg(f"m{i}"))
+        await asyncio.sleep(0.01)
+    await settle(rig)
+    answered = [t for r in rig.outlet.texts() for t in r.removeprefix("echo: ").split(" | ")]
+    assert answered == [f"m{i}" for i in range(20)]
+    assert 1 < len(rig.outlet.texts()) < 20  # mid-run arrivals were collected into turns
+    assert rig.model.overlaps == 0
+    assert await rig.store.pending(str(key())) == []
+
+
+async def test_collect_answers_mid_run_messages_together(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(delay_s=0.2)
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.05)
+    await rig.manager.submit(msg("second"))
+    await rig.manager.submit(msg("third"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: first", "echo: second | third"]
+
+
+async def test_followup_answers_each_queued_message_alone(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, delay_s=0.1)
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.03)
+    await rig.manager.submit(msg("second"))
+    await rig.manager.submit(msg("third"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: first", "echo: second", "echo: third"]
+
+
+async def test_steer_injects_mid_run_messages_into_the_running_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig(mode=QueueMode.STEER, delay_s=0.15, tool_first=True)
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.05)  # during the first model call
+    await rig.manager.submit(msg("also this"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: first | also this"]
+    assert len(rig.model.requests) == 2
+    assert await rig.store.pending(str(key())) == []
+
+
+async def test_steer_on_final_call_falls_to_next_turn(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(mode=QueueMode.STEER, delay_s=0.15)  # one call: it is final
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.05)
+    await rig.manager.submit(msg("late"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: first", "echo: late"]
+
+
+async def test_interrupt_cancels_and_never_sends_the_old_reply(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig(mode=QueueMode.INTERRUPT, delay_s=0.2)
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.05)
+    await rig.manager.submit(msg("actually this"))
+    await settle(rig)
+    await asyncio.sleep(0.3)  # a cancelled reply must not arrive late either
+    assert rig.outlet.texts() == ["echo: first | actually this"]
+    kinds = [e[0] for e in rig.outlet.events]
+    assert "discarded" in kinds
+    assert await rig.store.pending(str(key())) == []
+
+
+async def test_duplicate_delivery_is_answered_once(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    first = await rig.manager.submit(msg("hello", pid="same-id"))
+    again = await rig.manager.submit(msg("hello", pid="same-id"))
+    await settle(rig)
+    assert first.status is InboxStatus.PENDING
+    assert again.status is InboxStatus.DUPLICATE
+    assert again.id == first.id
+    assert rig.outlet.texts() == ["echo: hello"]
+
+
+async def test_restart_answers_stored_unanswered_messages(
+    store: SqliteStore, make_rig: Callable[..., Any]
+) -> None:
+    for i in range(3):
+        await store.put_inbound(str(key("R")), msg(f"r{i}", "R"), 100)
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP)  # start() resumes stored work
+    await settle(rig)
+    assert rig.outlet.texts(key("R")) == ["echo: r0", "echo: r1", "echo: r2"]
+
+
+async def test_overflow_gets_one_visible_notice_and_is_kept(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(delay_s=0.2, max_pending=2)
+    results = [await rig.manager.submit(msg(f"m{i}")) for i in range(4)]
+    assert [r.status for r in results] == [
+        InboxStatus.PENDING,
+        InboxStatus.PENDING,
+        InboxStatus.OVERFLOW,
+        InboxStatus.OVERFLOW,
+    ]
+    await settle(rig)
+    texts = rig.outlet.texts()
+    assert texts.count(OVERFLOW_NOTICE) == 1
+    assert "echo: m0 | m1" in texts
+    transcript = await rig.store.transcript(str(key()), 50)
+    assert [e.text for e in transcript if e.role == "user"] == ["m0", "m1", "m2", "m3"]
+
+
+async def test_global_cap_limits_concurrent_runs(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(delay_s=0.05, max_runs=2)
+    for i in range(6):
+        await rig.manager.submit(msg("hi", f"s{i}"))
+    await settle(rig)
+    assert len(rig.outlet.sent) == 6
+    assert rig.model.max_concurrent == 2
+
+
+async def test_debounce_merges_a_burst_into_one_turn(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(debounce_s=0.15)
+    for word in ("so", "about", "my bike"):
+        await rig.manager.submit(msg(word))
+        await asyncio.sleep(0.03)
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: so | about | my bike"]
+
+
+async def test_reset_command_starts_a_fresh_session(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("remember the word zebra"))
+    await settle(rig)
+    await rig.manager.submit(msg("/reset", kind=MessageKind.COMMAND, command="reset"))
+    await settle(rig)
+    await rig.manager.submit(msg("what was the word?"))
+    await settle(rig)
+    assert rig.outlet.texts()[1] == RESET_REPLY
+    last = rig.model.requests[-1]
+    assert all("zebra" not in (m.content or "") for m in last.messages)
+    assert any(wrap_user_text("what was the word?") == m.content for m in last.messages)
+
+
+async def test_history_is_shown_on_the_next_turn(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("my name is Ada"))
+    await settle(rig)
+    await rig.manager.submit(msg("what is my name?"))
+    await settle(rig)
+    contents = [m.content or "" for m in rig.model.requests[-1].messages]
+    assert any("my name is Ada" in c for c in contents)
+    assert "echo: my name is Ada" in contents
+
+
+async def test_delivery_retries_then_succeeds_once(make_rig: Callable[..., Any]) -> None:
+    outlet = RecordingOutlet()
+    outlet.fail_with.extend(
+        [
+            ChannelError("slow down", retryable=True, retry_after=0.01),
+            ChannelError("5xx", retryable=True),
+        ]
+    )
+    rig: Rig = await make_rig(outlet=outlet)
+    await rig.manager.submit(msg("hi"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: hi"]
+    assert await rig.store.outbox_pending(str(key())) == []
+
+
+async def test_permanent_send_failure_does_not_block_later_replies(
+    make_rig: Callable[..., Any],
+) -> None:
+    outlet = RecordingOutlet()
+    outlet.fail_with.append(ChannelError("blocked", retryable=False))
+    rig: Rig = await make_rig(outlet=outlet)
+    await rig.manager.submit(msg("one"))
+    await settle(rig)
+    await rig.manager.submit(msg("two"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: two"]
+    assert await rig.store.outbox_pending(str(key())) == []
+
+
+async def test_idle_sessions_leave_memory(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    for i in range(50):
+        await rig.manager.submit(msg("hi", f"idle{i}"))
+    await settle(rig)
+    assert rig.manager.active() == 0
+    assert len(rig.outlet.sent) == 50
+
+
+async def test_live_events_stream_and_end(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("hi"))
+    await settle(rig)
+    kinds = [e[0] for e in rig.outlet.events]
+    assert kinds == ["started", "delta", "ended"]
+
+
+async def test_shutdown_leaves_unfinished_work_pending(
+    store: SqliteStore, make_rig: Callable[..., Any]
+) -> None:
+    rig: Rig = await make_rig(delay_s=5)
+    await rig.manager.submit(msg("slow one"))
+    await asyncio.sleep(0.05)
+    await rig.manager.aclose(grace_s=0.1)
+    assert [i.message.text for i in await store.pending(str(key()))] == ["slow one"]
+    assert rig.outlet.sent == []
+    fresh: Rig = await make_rig()
+    await settle(fresh)
+    assert fresh.outlet.texts() == ["echo: slow one"]
+
+
+@pytest.mark.parametrize("mode", list(QueueMode))
+async def test_no_overlap_in_any_mode(make_rig: Callable[..., Any], mode: QueueMode) -> None:
+    rig: Rig = await make_rig(mode=mode, delay_s=0.01, tool_first=True)
+    for i in range(10):
+        await rig.manager.submit(msg(f"m{i}"))
+        await asyncio.sleep(0.005)
+    await settle(rig)
+    assert rig.model.overlaps == 0
+    assert await rig.store.pending(str(key())) == []
+    answered = [t for r in rig.outlet.texts() for t in r.removeprefix("echo: ").split(" | ")]
+    assert answered == [f"m{i}" for i in range(10)]
