@@ -14,7 +14,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -85,31 +93,62 @@ class WebChannelSettings(_Section):
     enabled: bool = True
 
 
+def _present(value: object) -> bool:
+    text = value.get_secret_value() if isinstance(value, SecretStr) else value
+    return bool(text)
+
+
+def _required_when_enabled(value: Any, info: ValidationInfo) -> Any:
+    """Channels fail closed: an enabled channel without its secrets does not start."""
+    if info.data.get("enabled") and not _present(value):
+        raise ValueError("required when the channel is enabled")
+    return value
+
+
+def _secret() -> Any:
+    return Field(default=None, validate_default=True)
+
+
 class TelegramSettings(_Section):
     enabled: bool = False
-    token: SecretStr | None = None
+    token: SecretStr | None = _secret()
     webhook_secret: SecretStr | None = None
     mode: Literal["webhook", "polling"] | None = None  # default: webhook when public_url is set
     api_base: str = "https://api.telegram.org"
 
+    _check = field_validator("token")(_required_when_enabled)
+
 
 class SlackSettings(_Section):
     enabled: bool = False
-    bot_token: SecretStr | None = None
-    signing_secret: SecretStr | None = None
+    bot_token: SecretStr | None = _secret()
+    signing_secret: SecretStr | None = _secret()
     mode: Literal["events", "socket"] = "events"
-    app_token: SecretStr | None = None
+    app_token: SecretStr | None = _secret()
     api_base: str = "https://slack.com/api"
+
+    _check = field_validator("bot_token", "signing_secret")(_required_when_enabled)
+
+    @field_validator("app_token")
+    @classmethod
+    def _app_token(cls, value: Any, info: ValidationInfo) -> Any:
+        if info.data.get("mode") == "socket":
+            return _required_when_enabled(value, info)
+        return value
 
 
 class WhatsAppSettings(_Section):
     enabled: bool = False
-    access_token: SecretStr | None = None
-    app_secret: SecretStr | None = None
-    verify_token: SecretStr | None = None
-    phone_number_id: str | None = None
+    access_token: SecretStr | None = _secret()
+    app_secret: SecretStr | None = _secret()
+    verify_token: SecretStr | None = _secret()
+    phone_number_id: str | None = _secret()
     api_base: str = "https://graph.facebook.com"
     api_version: str = "v21.0"
+
+    _check = field_validator("access_token", "app_secret", "verify_token", "phone_number_id")(
+        _required_when_enabled
+    )
 
 
 class ChannelsSettings(_Section):
@@ -245,11 +284,6 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     """Rules that span keys. Channels fail closed: enabled without their secrets is an error."""
     p: list[tuple[str, str]] = []
 
-    def need(key: str, value: object) -> None:
-        text = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if not text:
-            p.append((key, "required when the channel is enabled"))
-
     if not s.store.url.startswith(("sqlite:", "postgresql:", "postgres:")):
         p.append(("store.url", 'must start with "sqlite:///" or "postgresql://"'))
     elif s.store.url.startswith("sqlite:") and not s.store.url.startswith("sqlite:///"):
@@ -269,24 +303,16 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
         p.append(("server.public_url", "must be an http:// or https:// URL"))
 
     tg = s.channels.telegram
-    if tg.enabled:
-        need("channels.telegram.token", tg.token)
-        if s.telegram_mode == "webhook":
-            need("channels.telegram.webhook_secret", tg.webhook_secret)
-            if s.server.public_url is None:
-                p.append(("server.public_url", 'required for channels.telegram.mode = "webhook"'))
-    sl = s.channels.slack
-    if sl.enabled:
-        need("channels.slack.bot_token", sl.bot_token)
-        need("channels.slack.signing_secret", sl.signing_secret)
-        if sl.mode == "socket":
-            need("channels.slack.app_token", sl.app_token)
-    wa = s.channels.whatsapp
-    if wa.enabled:
-        need("channels.whatsapp.access_token", wa.access_token)
-        need("channels.whatsapp.app_secret", wa.app_secret)
-        need("channels.whatsapp.verify_token", wa.verify_token)
-        need("channels.whatsapp.phone_number_id", wa.phone_number_id)
+    if tg.enabled and s.telegram_mode == "webhook":
+        if not _present(tg.webhook_secret):
+            p.append(
+                (
+                    "channels.telegram.webhook_secret",
+                    "required when the channel is enabled in webhook mode",
+                )
+            )
+        if s.server.public_url is None:
+            p.append(("server.public_url", 'required for channels.telegram.mode = "webhook"'))
     if not Path(s.agent.knowledge_dir).is_dir():
         p.append(("agent.knowledge_dir", f"not a directory: {s.agent.knowledge_dir}"))
     return p
