@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import random
 import time
 import uuid
 from collections.abc import Awaitable, Mapping
@@ -22,8 +21,9 @@ from typing import Protocol, runtime_checkable
 
 from core.agent.loop import AgentEvent, AgentLoop, Done, RunOutcome, TextDelta, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
-from core.errors import ChannelError, StoreError
-from core.models import InboundMessage, MessageKind, OutboundPart, Reply, SessionKey
+from core.errors import StoreError, SwitchboardError
+from core.models import InboundMessage, MessageKind, Reply, SessionKey
+from core.outbox import DeliveryPolicy, Outbox, Outlet
 from core.store.base import InboxItem, InboxStatus, PutResult, RunRecord, Store
 
 __all__ = [
@@ -55,12 +55,6 @@ class QueueMode(StrEnum):
     INTERRUPT = "interrupt"  # the running turn is cancelled; its reply is never sent
 
 
-class Outlet(Protocol):
-    """Where a channel delivers reply parts. Returns the platform's message id, if any."""
-
-    async def send(self, key: SessionKey, part: OutboundPart) -> str | None: ...
-
-
 @runtime_checkable
 class LiveOutlet(Protocol):
     """Optional: live feedback while a run is in progress (typing, streamed text)."""
@@ -79,20 +73,6 @@ class SessionPolicy:
     max_pending: int = 100
     history_turns: int = 10
     lease_ttl_s: float = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class DeliveryPolicy:
-    max_attempts: int = 6
-    base_delay_s: float = 0.5
-    max_delay_s: float = 30.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return max(float(retry_after), 0.0)
-        return min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s) * (
-            0.5 + random.random() / 2  # jitter
-        )
 
 
 @dataclass(slots=True)
@@ -120,7 +100,7 @@ class SessionManager:
         self.agents = agents
         self.outlets = outlets
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
-        self.delivery = delivery or DeliveryPolicy()
+        self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy())
         self._slots = asyncio.Semaphore(max_concurrent_runs)
         self._runners: dict[str, _Runner] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -237,28 +217,30 @@ class _Runner:
         failures = 0
         try:
             while True:
-                if not await self._acquire():
-                    log.info("session %s is leased elsewhere; leaving it", self.skey)
-                    return
-                beat = asyncio.create_task(self._heartbeat())
                 try:
-                    await self._work()
+                    if not await self._acquire():
+                        log.info("session %s is leased elsewhere; leaving it", self.skey)
+                        return
+                    beat = asyncio.create_task(self._heartbeat())
+                    try:
+                        await self._work()
+                    finally:
+                        beat.cancel()
+                        with contextlib.suppress(StoreError):
+                            release = self.mgr.store.release_lease(self.skey, self.mgr.owner)
+                            await asyncio.shield(release)
                     failures = 0
-                except (StoreError, ChannelError) as exc:
+                except Exception as exc:
                     failures += 1
-                    log.warning("session %s: %s (attempt %d)", self.skey, exc, failures)
-                    self.poked = failures < 5
+                    if isinstance(exc, SwitchboardError):
+                        log.warning("session %s: %s (failure %d)", self.skey, exc, failures)
+                    else:
+                        log.exception("session %s runner failed", self.skey)
+                    if failures >= MAX_RUNNER_FAILURES:
+                        log.error("session %s: giving up until its next message", self.skey)
+                        return
                     await asyncio.sleep(min(0.5 * 2**failures, 10.0))
-                except Exception:
-                    failures += 1
-                    log.exception("session %s runner failed", self.skey)
-                    self.poked = failures < 5
-                    await asyncio.sleep(min(0.5 * 2**failures, 10.0))
-                finally:
-                    beat.cancel()
-                    with contextlib.suppress(StoreError):
-                        release = self.mgr.store.release_lease(self.skey, self.mgr.owner)
-                        await asyncio.shield(release)
+                    continue
                 if not self.poked or self.mgr._closing:
                     return
         finally:
@@ -441,35 +423,7 @@ class _Runner:
     async def deliver(self) -> None:
         """Send stored reply parts in order; each is marked sent once the platform confirms."""
         async with self.deliver_lock:
-            for part in await self.mgr.store.outbox_pending(self.skey):
-                await self._send(part)
-
-    async def _send(self, part: OutboundPart) -> None:
-        outlet = self.mgr.outlets.get(self.key.channel)
-        if outlet is None:
-            await self.mgr.store.mark_failed(part.id, "channel not enabled", permanent=True)
-            return
-        attempts = part.attempts
-        while True:
-            try:
-                platform_id = await outlet.send(self.key, part)
-            except ChannelError as exc:
-                error, retryable, retry_after = str(exc), exc.retryable, exc.retry_after
-            except Exception as exc:
-                log.exception("send failed", extra={"session": self.skey})
-                error, retryable, retry_after = f"{type(exc).__name__}", True, None
-            else:
-                await self.mgr.store.mark_sent(part.id, platform_id)
-                return
-            attempts += 1
-            permanent = not retryable or attempts >= self.mgr.delivery.max_attempts
-            await self.mgr.store.mark_failed(part.id, error[:500], permanent=permanent)
-            if permanent:
-                log.error(
-                    "giving up on reply part %d: %s", part.id, error, extra={"session": self.skey}
-                )
-                return
-            await asyncio.sleep(self.mgr.delivery.delay(attempts, retry_after))
+            await self.mgr.outbox.deliver_pending(self.key)
 
     def _live(self) -> LiveOutlet | None:
         outlet = self.mgr.outlets.get(self.key.channel)
@@ -477,6 +431,7 @@ class _Runner:
 
 
 COMMANDS = frozenset({"reset", "start", "help"})
+MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 
 
 def _is_command(item: InboxItem) -> bool:

@@ -1,0 +1,293 @@
+"""The real CLI in subprocesses: `check`, `run` and `chat`, exit codes and messages by key."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.sessions import RESET_REPLY
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "config" / "switchboard.example.toml"
+MAX_BODY = 2048
+
+BAD_TOML = """
+[server]
+prot = 8080
+
+[agent]
+queue_mode = "lifo"
+
+[agent.limits]
+max_steps = 0
+"""
+BAD_KEYS = ("server.prot", "agent.queue_mode", "agent.limits.max_steps")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD__")}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None, timeout: float = 20
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", *args],
+        cwd=ROOT,
+        env=env if env is not None else clean_env(),
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def good_config(tmp_path: Path, port: int = 8080) -> Path:
+    path = tmp_path / "good.toml"
+    path.write_text(
+        f'[server]\nhost = "127.0.0.1"\nport = {port}\nmax_body_bytes = {MAX_BODY}\n'
+        f'[store]\nurl = "sqlite:///{tmp_path}/db.sqlite"\n',
+        encoding="utf-8",
+    )
+    return path
+
+
+def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stdout
+
+
+# check
+
+
+def test_check_on_the_example_is_ok() -> None:
+    proc = cli("check", "--config", str(EXAMPLE))
+    assert proc.returncode == 0, proc.stderr
+    assert "config ok" in proc.stdout
+    assert "switchboard.example.toml" in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_check_reports_every_problem_by_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD_TOML, encoding="utf-8")
+    proc = cli("check", "--config", str(bad))
+    assert proc.returncode == 2
+    assert "config ok" not in proc.stdout
+    for key in BAD_KEYS:
+        assert f"{key}:" in proc.stderr
+    assert "unknown key" in proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_check_on_a_missing_file_and_invalid_toml(tmp_path: Path) -> None:
+    missing = cli("check", "--config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2
+    assert "config:" in missing.stderr
+    assert "nope.toml" in missing.stderr
+    assert_no_traceback(missing)
+
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[server\n", encoding="utf-8")
+    proc = cli("check", "--config", str(broken))
+    assert proc.returncode == 2
+    assert "config:" in proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_run_with_a_bad_config_exits_2_with_the_same_messages(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD_TOML, encoding="utf-8")
+    check = cli("check", "--config", str(bad))
+    proc = cli("run", "--config", str(bad))
+    assert proc.returncode == 2
+    for key in BAD_KEYS:
+        assert f"{key}:" in proc.stderr
+    assert proc.stderr == check.stderr
+    assert "serving" not in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_env_override_error_exits_2_naming_the_key() -> None:
+    env = clean_env(SWITCHBOARD__AGENT__LIMITS__MAX_STEPS="0")
+    for command in ("check", "run"):
+        proc = cli(command, "--config", str(EXAMPLE), env=env)
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        assert "agent.limits.max_steps" in proc.stderr
+        assert_no_traceback(proc)
+
+
+def test_check_prints_warnings_for_unavailable_channels(tmp_path: Path) -> None:
+    path = tmp_path / "tg.toml"
+    path.write_text(
+        '[channels.telegram]\nenabled = true\nmode = "polling"\ntoken = "123:abc"\n',
+        encoding="utf-8",
+    )
+    proc = cli("check", "--config", str(path))
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: channels.telegram.enabled" in proc.stderr
+    assert "123:abc" not in proc.stdout + proc.stderr  # secrets are never printed
+
+
+# run
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    config = good_config(tmp_path, port)
+    log = (tmp_path / "server.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run", "--config", str(config)],
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited early: {(tmp_path / 'server.log').read_text()}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"server not healthy in 10 s: {(tmp_path / 'server.log').read_text()}")
+            time.sleep(0.1)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def test_run_serves_the_routes_and_stops_on_sigterm(
+    server: tuple[subprocess.Popen[bytes], str], tmp_path: Path
+) -> None:
+    proc, base = server
+    with httpx.Client(base_url=base, timeout=5) as http:
+        health = http.get("/healthz")
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok"
+
+        ready = http.get("/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["status"] == "ready"
+
+        page = http.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert "<html" in page.text.lower()
+        assert "switchboard_chat=" in page.headers["set-cookie"]
+
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200
+        assert metrics.headers["content-type"].startswith("text/plain")
+        assert "# TYPE switchboard_active_sessions gauge" in metrics.text
+
+        big = http.post(
+            "/chat/messages",
+            content=b'{"text": "' + b"x" * (MAX_BODY * 2) + b'", "client_id": "c1"}',
+            headers={"content-type": "application/json"},
+        )
+        assert big.status_code == 413
+        assert "error" in big.json()
+
+        malformed = http.post(
+            "/chat/messages", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert malformed.status_code == 400
+        assert "error" in malformed.json()
+
+        no_client_id = http.post("/chat/messages", json={"text": "hi"})
+        assert no_client_id.status_code == 400
+        assert "client_id" in no_client_id.json()["error"]
+
+        ok = http.post("/chat/messages", json={"text": "when are you open?", "client_id": "c-1"})
+        assert ok.status_code == 202
+        assert ok.json()["accepted"] is True
+        deadline = time.monotonic() + 10  # the turn finishes before we stop the server
+        while True:
+            messages = http.get("/chat/history").json()["messages"]
+            if any(m["role"] == "assistant" for m in messages):
+                break
+            assert time.monotonic() < deadline, messages
+            time.sleep(0.1)
+        assert "Monday" in messages[-1]["text"]
+
+    assert (tmp_path / "db.sqlite").is_file()  # the configured store, not the default one
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_run_rejects_oversized_chunked_body(server: tuple[subprocess.Popen[bytes], str]) -> None:
+    _, base = server
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"text": "'
+        for _ in range(8):
+            yield b"y" * 1024
+        yield b'", "client_id": "c2"}'
+
+    with httpx.Client(base_url=base, timeout=5) as http:
+        response = http.post(
+            "/chat/messages", content=chunks(), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 413
+    assert "error" in response.json()
+
+
+# chat
+
+
+def test_chat_answers_from_the_knowledge_base(tmp_path: Path) -> None:
+    proc = cli(
+        "chat", "--config", str(good_config(tmp_path)), stdin="what are your opening hours?\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Monday" in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_chat_reset_command(tmp_path: Path) -> None:
+    proc = cli("chat", "--config", str(good_config(tmp_path)), stdin="/reset\n")
+    assert proc.returncode == 0, proc.stderr
+    assert RESET_REPLY in proc.stdout
+    assert "Monday" not in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD_TOML, encoding="utf-8")
+    proc = cli("chat", "--config", str(bad), stdin="hello\n")
+    assert proc.returncode == 2
+    assert "agent.limits.max_steps" in proc.stderr
+    assert_no_traceback(proc)
