@@ -158,23 +158,47 @@ class ChannelsSettings(_Section):
     whatsapp: WhatsAppSettings = WhatsAppSettings()
 
 
-_FILE_DATA: ContextVar[dict[str, Any]] = ContextVar("switchboard_file_data")
+# what load_settings is reading: (interpolated file data, environment)
+_SOURCES: ContextVar[tuple[dict[str, Any], Mapping[str, str]]] = ContextVar("switchboard_sources")
 
 
 class _FileSource(PydanticBaseSettingsSource):
     """The (already interpolated) TOML file, below the environment in precedence."""
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
-        return _FILE_DATA.get({}).get(field_name), field_name, False
+        return self().get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_FILE_DATA.get({}))
+        data, _ = _SOURCES.get(({}, {}))
+        return dict(data)
+
+
+class _EnvSource(PydanticBaseSettingsSource):
+    """SWITCHBOARD__SECTION__KEY=value as nested keys; unknown names are reported, not ignored."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        _, environ = _SOURCES.get(({}, {}))
+        out: dict[str, Any] = {}
+        for name, value in environ.items():
+            if not name.upper().startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
+                continue
+            path = name[len(ENV_PREFIX) :].lower().split("__")
+            node = out
+            for part in path[:-1]:
+                child = node.setdefault(part, {})
+                if not isinstance(child, dict):
+                    break
+                node = child
+            else:
+                node[path[-1]] = value
+        return out
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
-    )
+    model_config = SettingsConfigDict(extra="forbid")
 
     server: ServerSettings = ServerSettings()
     store: StoreSettings = StoreSettings()
@@ -191,7 +215,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls))
+        return (init_settings, _EnvSource(settings_cls), _FileSource(settings_cls))
 
     @property
     def telegram_mode(self) -> str:
@@ -232,13 +256,13 @@ def load_settings(
     data = _interpolate(data, env, "", problems)
     if problems:
         raise ConfigError(problems)
-    token = _FILE_DATA.set(data)
+    token = _SOURCES.set((data, env))
     try:
         settings = Settings()
     except ValidationError as exc:
-        raise ConfigError([_problem(err) for err in exc.errors()]) from None
+        raise ConfigError([_problem(err, env) for err in exc.errors()]) from None
     finally:
-        _FILE_DATA.reset(token)
+        _SOURCES.reset(token)
     problems = semantic_problems(settings)
     if problems:
         raise ConfigError(problems)
@@ -262,22 +286,25 @@ def _interpolate(
 
     def repl(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
-        if name in env:
-            return env[name]
-        if default is not None:
+        value = env.get(name)
+        if default is not None and not value:  # shell semantics: unset or empty
             return default
+        if value is not None:
+            return value
         problems.append((key, f"environment variable {name} is not set"))
         return ""
 
     return _VAR.sub(repl, value)
 
 
-def _problem(err: Any) -> tuple[str, str]:
+def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
     key = ".".join(str(p) for p in err["loc"]) or "config"
+    var = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
+    source = f" (from {var})" if any(n.upper() == var for n in env) else ""
     if err["type"] == "extra_forbidden":
-        return key, "unknown key"
+        return key, f"unknown key{source}"
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return key, msg
+    return key, msg + source
 
 
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:

@@ -728,3 +728,12 @@ async def test_missing_usage_is_estimated() -> None:
 
     assert outcome.output_tokens == 10  # about four characters a token
     assert outcome.input_tokens == estimate_messages(model.requests[0].messages)
+
+
+async def test_streamed_deltas_never_show_reasoning() -> None:
+    model = ScriptedModel()
+    model.add(text("<think>the user wants hours</think>We open at 8."))
+    outcome, events = await _run(model)
+    streamed = "".join(e.text for e in events.of(TextDelta))
+    assert streamed == "We open at 8."
+    assert outcome.text == "We open at 8."

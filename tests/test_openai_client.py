@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from core.agent.model import ChatMessage, ModelRequest, ToolCall, ToolSpec
-from core.agent.openai import OpenAIClient, RetryPolicy, _merge_tool_deltas
+from core.agent.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
 from core.errors import ModelError
 from tests.fake_openai import Cut, Error, FakeOpenAI, Garbage, Text, ToolCalls
 
@@ -509,7 +509,7 @@ async def test_stream_with_index_reusing_provider() -> None:
     assert response.input_tokens is None  # no usage chunk
 
 
-# -- RetryPolicy and _merge_tool_deltas ---------------------------------------------------
+# -- RetryPolicy and _ToolCallAssembler ---------------------------------------------------
 
 
 def test_retry_policy_delay() -> None:
@@ -524,17 +524,11 @@ def test_retry_policy_delay() -> None:
 
 
 def test_merge_index_zero_reused_with_different_ids() -> None:
-    calls: dict[int, dict[str, str]] = {}
-    _merge_tool_deltas(
-        calls, [{"index": 0, "id": "a", "function": {"name": "x", "arguments": '{"n": 1}'}}]
-    )
-    _merge_tool_deltas(
-        calls, [{"index": 0, "id": "b", "function": {"name": "y", "arguments": '{"n": 2}'}}]
-    )
-    _merge_tool_deltas(
-        calls, [{"index": 0, "id": "c", "function": {"name": "z", "arguments": "{}"}}]
-    )
-    assert calls == {
+    asm = _ToolCallAssembler()
+    asm.feed([{"index": 0, "id": "a", "function": {"name": "x", "arguments": '{"n": 1}'}}])
+    asm.feed([{"index": 0, "id": "b", "function": {"name": "y", "arguments": '{"n": 2}'}}])
+    asm.feed([{"index": 0, "id": "c", "function": {"name": "z", "arguments": "{}"}}])
+    assert asm.calls == {
         0: {"id": "a", "name": "x", "arguments": '{"n": 1}'},
         1: {"id": "b", "name": "y", "arguments": '{"n": 2}'},
         2: {"id": "c", "name": "z", "arguments": "{}"},
@@ -542,38 +536,30 @@ def test_merge_index_zero_reused_with_different_ids() -> None:
 
 
 def test_merge_index_zero_same_id_repeated_stays_one_call() -> None:
-    calls: dict[int, dict[str, str]] = {}
-    _merge_tool_deltas(calls, [{"index": 0, "id": "a", "function": {"name": "x"}}])
-    _merge_tool_deltas(calls, [{"index": 0, "id": "a", "function": {"arguments": '{"n"'}}])
-    _merge_tool_deltas(calls, [{"index": 0, "function": {"arguments": ": 1}"}}])
-    assert calls == {0: {"id": "a", "name": "x", "arguments": '{"n": 1}'}}
+    asm = _ToolCallAssembler()
+    asm.feed([{"index": 0, "id": "a", "function": {"name": "x"}}])
+    asm.feed([{"index": 0, "id": "a", "function": {"arguments": '{"n"'}}])
+    asm.feed([{"index": 0, "function": {"arguments": ": 1}"}}])
+    assert asm.calls == {0: {"id": "a", "name": "x", "arguments": '{"n": 1}'}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: core/agent/openai.py _merge_tool_deltas: when a provider reuses index 0, the "
-        "new call is moved to max(calls)+1, but its later id-less argument pieces (index 0) "
-        "are still appended to calls[0], the first call"
-    ),
-)
 def test_merge_index_zero_reused_with_argument_pieces() -> None:
-    calls: dict[int, dict[str, str]] = {}
+    asm = _ToolCallAssembler()
     for delta in [
         {"index": 0, "id": "a", "function": {"name": "x", "arguments": ""}},
         {"index": 0, "function": {"arguments": '{"n": 1}'}},
         {"index": 0, "id": "b", "function": {"name": "y", "arguments": ""}},
         {"index": 0, "function": {"arguments": '{"n": 2}'}},
     ]:
-        _merge_tool_deltas(calls, [delta])
-    assert calls == {
+        asm.feed([delta])
+    assert asm.calls == {
         0: {"id": "a", "name": "x", "arguments": '{"n": 1}'},
         1: {"id": "b", "name": "y", "arguments": '{"n": 2}'},
     }
 
 
 def test_merge_deltas_without_index() -> None:
-    calls: dict[int, dict[str, str]] = {}
+    asm = _ToolCallAssembler()
     for delta in [
         {"id": "a", "function": {"name": "add", "arguments": ""}},
         {"function": {"arguments": '{"first"'}},
@@ -581,17 +567,16 @@ def test_merge_deltas_without_index() -> None:
         {"id": "b", "function": {"name": "sub", "arguments": "{"}},
         {"function": {"arguments": "}"}},
     ]:
-        _merge_tool_deltas(calls, [delta])
-    assert calls == {
+        asm.feed([delta])
+    assert asm.calls == {
         0: {"id": "a", "name": "add", "arguments": '{"first": 1}'},
         1: {"id": "b", "name": "sub", "arguments": "{}"},
     }
 
 
 def test_merge_ignores_non_dict_deltas_and_keeps_first_name() -> None:
-    calls: dict[int, dict[str, str]] = {}
-    _merge_tool_deltas(
-        calls,
+    asm = _ToolCallAssembler()
+    asm.feed(
         [
             "junk",
             None,
@@ -599,13 +584,12 @@ def test_merge_ignores_non_dict_deltas_and_keeps_first_name() -> None:
             {"index": 0, "function": {"name": "other", "arguments": "}"}},
         ],
     )
-    assert calls == {0: {"id": "a", "name": "add", "arguments": "{}"}}
+    assert asm.calls == {0: {"id": "a", "name": "add", "arguments": "{}"}}
 
 
 def test_merge_parallel_calls_interleaved_by_index() -> None:
-    calls: dict[int, dict[str, str]] = {}
-    _merge_tool_deltas(
-        calls,
+    asm = _ToolCallAssembler()
+    asm.feed(
         [
             {"index": 0, "id": "a", "function": {"name": "x", "arguments": ""}},
             {"index": 1, "id": "b", "function": {"name": "y", "arguments": ""}},
@@ -615,7 +599,7 @@ def test_merge_parallel_calls_interleaved_by_index() -> None:
             {"index": 1, "function": {"arguments": ": 1}"}},
         ],
     )
-    assert calls == {
+    assert asm.calls == {
         0: {"id": "a", "name": "x", "arguments": '{"a": 0}'},
         1: {"id": "b", "name": "y", "arguments": '{"b": 1}'},
     }

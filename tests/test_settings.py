@@ -132,11 +132,6 @@ def test_interpolation_default_when_unset(tmp_path: Path, monkeypatch: pytest.Mo
     assert s.model.base_url == "http://hX/v1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: ${VAR:-default} keeps an empty VAR instead of using the default"
-    " (shell/Compose semantics: default when unset OR empty)",
-)
 def test_interpolation_default_applies_when_set_but_empty(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -176,11 +171,6 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert s.server.host == "127.0.0.1"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: load_settings(environ=...) uses `environ` only for ${VAR}; the SWITCHBOARD__*"
-    " overrides are still read from os.environ by pydantic-settings",
-)
 def test_environ_argument_is_the_environment_for_overrides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -489,11 +489,6 @@ async def test_ping(store: SqliteStore) -> None:
     assert await store.ping() is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: SqliteStore.start() creates the parent directory outside its try block, so an"
-    " OSError (here NotADirectoryError) escapes instead of StoreError",
-)
 async def test_start_on_an_unusable_path_raises_store_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")

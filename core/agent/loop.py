@@ -17,7 +17,7 @@ from core.agent.model import (
     estimate_messages,
     estimate_tokens,
 )
-from core.agent.sanitize import strip_reasoning, wrap_user_text
+from core.agent.sanitize import StreamFilter, strip_reasoning, wrap_user_text
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError
 
@@ -139,8 +139,11 @@ class AgentLoop:
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
         last_text = ""
 
+        visible = StreamFilter()
+
         async def on_delta(text: str) -> None:
-            await emit(TextDelta(turn.run_id, text))
+            if shown := visible.feed(text):
+                await emit(TextDelta(turn.run_id, shown))
 
         for step in range(1, lim.max_steps + 1):
             if step > 1 and turn.steer is not None:
@@ -171,6 +174,8 @@ class AgentLoop:
                 temperature=lim.temperature,
             )
             response = await self._model.complete(request, on_delta)
+            if rest := visible.flush():
+                await emit(TextDelta(turn.run_id, rest))
             out.steps = step
             used_in = response.input_tokens or est_input
             used_out = response.output_tokens or estimate_tokens(response.text)

@@ -145,7 +145,7 @@ class OpenAIClient:
 
     async def _complete_stream(self, body: dict[str, Any], sink: DeltaSink) -> ModelResponse:
         text: list[str] = []
-        calls: dict[int, dict[str, str]] = {}
+        assembler = _ToolCallAssembler()
         usage: dict[str, Any] = {}
         finish: str | None = None
         try:
@@ -173,7 +173,7 @@ class OpenAIClient:
                         if delta.get("content"):
                             text.append(delta["content"])
                             await sink(delta["content"])
-                        _merge_tool_deltas(calls, delta.get("tool_calls") or [])
+                        assembler.feed(delta.get("tool_calls") or [])
                         finish = choice.get("finish_reason") or finish
         except httpx.TimeoutException as exc:
             raise ModelError("model stream timed out", retryable=True) from exc
@@ -181,38 +181,52 @@ class OpenAIClient:
             raise ModelError(f"model stream failed: {type(exc).__name__}", retryable=True) from exc
         if finish is None and not usage:
             raise ModelError("model stream ended early", retryable=True)
-        tool_calls = tuple(
-            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
-            for i, c in sorted(calls.items())
-            if c["name"]
-        )
         return ModelResponse(
             text="".join(text),
-            tool_calls=tool_calls,
+            tool_calls=assembler.result(),
             input_tokens=usage.get("prompt_tokens"),
             output_tokens=usage.get("completion_tokens"),
             finish_reason=finish,
         )
 
 
-def _merge_tool_deltas(calls: dict[int, dict[str, str]], deltas: list[Any]) -> None:
-    """Assemble streamed tool calls: id and name come first, then argument pieces."""
-    for d in deltas:
-        if not isinstance(d, dict):
-            continue
-        index = d.get("index")
-        if not isinstance(index, int):
-            index = len(calls) - 1 if calls and not d.get("id") else len(calls)
-        fn = d.get("function") or {}
-        current = calls.get(index)
-        if current is not None and d.get("id") and current["id"] and d["id"] != current["id"]:
-            index = max(calls) + 1  # a provider that reuses index 0 for every call
-            current = None
-        if current is None:
-            current = calls[index] = {"id": "", "name": "", "arguments": ""}
-        current["id"] = d.get("id") or current["id"]
-        current["name"] = current["name"] or fn.get("name") or ""
-        current["arguments"] += fn.get("arguments") or ""
+class _ToolCallAssembler:
+    """Assembles streamed tool calls: id and name come first, then argument pieces.
+
+    Providers differ: most give each call its own index; some send every call at index 0 and
+    tell them apart only by a new id; some send no index at all."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+        self._slots: dict[int, int] = {}  # the provider's index -> our call slot
+
+    def feed(self, deltas: list[Any]) -> None:
+        for d in deltas:
+            if not isinstance(d, dict):
+                continue
+            raw_index, raw_id, fn = d.get("index"), d.get("id"), d.get("function")
+            index = raw_index if isinstance(raw_index, int) else -1
+            new_id = raw_id if isinstance(raw_id, str) else ""
+            fn = fn if isinstance(fn, dict) else {}
+            slot = self._slots.get(index)
+            if slot is None and index == -1 and self.calls:
+                slot = max(self.calls)
+            current = self.calls.get(slot) if slot is not None else None
+            if current is None or (new_id and current["id"] and new_id != current["id"]):
+                slot = max(self.calls, default=-1) + 1
+                current = self.calls[slot] = {"id": "", "name": "", "arguments": ""}
+            assert slot is not None
+            self._slots[index] = slot
+            current["id"] = current["id"] or new_id
+            current["name"] = current["name"] or str(fn.get("name") or "")
+            current["arguments"] += str(fn.get("arguments") or "")
+
+    def result(self) -> tuple[ToolCall, ...]:
+        return tuple(
+            ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
+            for i, c in sorted(self.calls.items())
+            if c["name"]
+        )
 
 
 def _raise_for_status(status: int, headers: httpx.Headers, text: str) -> None:

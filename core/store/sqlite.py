@@ -130,9 +130,9 @@ class SqliteStore:
     # lifecycle
 
     async def start(self) -> None:
-        if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
         try:
+            if self._path != ":memory:":
+                Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             self._writer = await self._connect()
             await self._writer.executescript(SCHEMA)
             async with self._writer.execute("SELECT version FROM schema_version") as cur:
