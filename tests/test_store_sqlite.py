@@ -313,6 +313,19 @@ async def test_transcript_in_time_order_since_last_reset(store: SqliteStore) -> 
 # session state
 
 
+async def test_transcript_puts_a_reply_after_what_it_answered(store: SqliteStore) -> None:
+    """A message that arrives while a run streams must not split that run from its reply."""
+    first = await store.put_inbound(S1, msg(text="one"), 100)
+    await asyncio.sleep(0.01)
+    second = await store.put_inbound(S1, msg(text="two"), 100)  # arrives mid-run
+    await asyncio.sleep(0.01)
+    assert await store.acquire_lease(S1, "w", 30.0)
+    await store.complete_turn("w", run_for(S1, [first.id]), "one", [Reply(text="re: one")])
+    entries = await store.transcript(S1, 10)
+    assert [e.text for e in entries] == ["one", "re: one", "two"]
+    assert second.id > first.id
+
+
 async def test_set_state_and_get_session(store: SqliteStore) -> None:
     fresh = await store.get_session(S1)
     assert (fresh.key, fresh.epoch, fresh.state) == (S1, 0, {})
