@@ -1,13 +1,40 @@
-"""The channel boundary: what every adapter provides to the gateway and the session manager."""
+"""The channel boundary: what every adapter provides, and what the gateway gives it.
+
+An adapter is a ChannelAdapter (name, output rules, send). Optional capabilities are their own
+small Protocols, checked with isinstance: LiveOutlet (typing and streamed text while a run
+lasts), Lifecycle (background work such as long polling or Socket Mode), HttpRoutes (webhook
+routes mounted on the gateway's aiohttp app).
+"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
 
-from core.models import OutboundPart, SessionKey
-from core.sessions import LiveOutlet, Outlet
+from aiohttp import web
 
-__all__ = ["BadInput", "ChannelAdapter", "LiveOutlet", "Outlet"]
+from core.models import InboundMessage, OutboundPart, SessionKey
+from core.outbox import Outlet
+from core.sessions import LiveOutlet
+from core.store import PutResult, Store
+
+__all__ = [
+    "BadInput",
+    "ChannelAdapter",
+    "ChannelContext",
+    "HttpRoutes",
+    "Lifecycle",
+    "LiveOutlet",
+    "Outlet",
+]
+
+Submit = Callable[[InboundMessage], Awaitable[PutResult]]
+Notify = Callable[[SessionKey, str], Awaitable[None]]
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class BadInput(ValueError):
@@ -15,11 +42,68 @@ class BadInput(ValueError):
 
 
 class ChannelAdapter(Protocol):
-    """A channel: its name, the output rules the agent follows there, and delivery.
-
-    Live feedback (typing, streamed text) is the optional LiveOutlet Protocol."""
+    """A channel: its name, the output rules the agent follows there, and delivery."""
 
     name: str
     output_rules: str
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None: ...
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    """Background work the adapter runs while the gateway is up (polling, sockets)."""
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class HttpRoutes(Protocol):
+    """Routes the adapter serves (its webhooks), mounted on the gateway's app."""
+
+    def routes(self) -> list[web.RouteDef]: ...
+
+
+@dataclass
+class ChannelContext:
+    """What the gateway hands every adapter: where to put messages, state and files."""
+
+    store: Store
+    files_dir: Path
+    max_media_bytes: int = 20 * 1024 * 1024
+    public_url: str | None = None
+    agent: str = "default"
+    _submit: Submit | None = field(default=None, repr=False)
+    _notify: Notify | None = field(default=None, repr=False)
+
+    def bind(self, submit: Submit, notify: Notify) -> None:
+        self._submit, self._notify = submit, notify
+
+    async def submit(self, msg: InboundMessage) -> PutResult:
+        """Store the message durably (deduped) and wake its session; returns once stored."""
+        if self._submit is None:
+            raise RuntimeError("channel context used before the session manager was bound")
+        return await self._submit(msg)
+
+    async def notify(self, key: SessionKey, text: str) -> None:
+        """Tell the person something outside any run (stored, then delivered in order)."""
+        if self._notify is None:
+            raise RuntimeError("channel context used before the session manager was bound")
+        await self._notify(key, text)
+
+    def session_key(self, msg: InboundMessage) -> SessionKey:
+        return SessionKey.for_message(self.agent, msg)
+
+    def save_file(self, key: SessionKey, name: str, data: bytes) -> Path:
+        """Keep a received file in the session's own folder; returns its path."""
+        folder = self.files_dir / _UNSAFE.sub("_", str(key))[:200]
+        folder.mkdir(parents=True, exist_ok=True)
+        stem, dot, ext = name.rpartition(".")
+        safe = _UNSAFE.sub("_", stem if dot else ext).strip("_")[:80] or "file"
+        if dot and ext:
+            safe += "." + _UNSAFE.sub("", ext)[:10]
+        path = folder / f"{uuid.uuid4().hex[:12]}-{safe}"
+        path.write_bytes(data)
+        return path

@@ -161,6 +161,12 @@ class SessionManager:
             self._idle.clear()
         runner.poke(arrived=arrived)
 
+    async def notify(self, key: SessionKey, text: str) -> None:
+        """Send a notice that answers no message (e.g. "that message type is not supported"):
+        stored in the outbox, then delivered in order by the session's runner."""
+        await self.store.enqueue_replies(str(key), [Reply(text=text)])
+        self._wake(key, arrived=False)
+
     def _notify_overflow(self, key: SessionKey) -> None:
         runner = self._runners.get(str(key))
         if runner is None:
@@ -372,7 +378,10 @@ class _Runner:
             _fill(run, outcome)
             await asyncio.shield(
                 self.mgr.store.complete_turn(
-                    self.mgr.owner, run, "\n\n".join(self.batch_texts), [Reply(text=outcome.text)]
+                    self.mgr.owner,
+                    run,
+                    "\n\n".join(self.batch_texts),
+                    [Reply(text=outcome.text, buttons=tuple(outcome.buttons))],
                 )
             )
         finally:

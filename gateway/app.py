@@ -9,15 +9,16 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from channels.base import ChannelAdapter
+from channels.base import HttpRoutes, Lifecycle
 from channels.web import WebChat
 from core.agent.model import ModelClient
 from core.errors import StoreError
 from core.store import Store
 from gateway import webchat
+from gateway.channels import build_channels, channel_context
 from gateway.http import error_middleware
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, build_store
 from gateway.settings import Settings
 
 __all__ = ["build_app"]
@@ -34,14 +35,21 @@ def build_app(
         client_max_size=settings.server.max_body_bytes, middlewares=[error_middleware]
     )
     app[SETTINGS] = settings
+    store = store or build_store(settings)
+    ctx = channel_context(settings, store)
+    channels = build_channels(settings, ctx)
+    for adapter in channels.values():
+        if isinstance(adapter, HttpRoutes):
+            app.add_routes(adapter.routes())
     chat = WebChat()
     app[WEBCHAT] = chat
-    channels: dict[str, ChannelAdapter] = {}
     if settings.channels.web.enabled:
         channels[chat.name] = chat
         webchat.add_routes(app)
     runtime = Runtime.build(settings, channels, store=store, model=model)
+    ctx.bind(runtime.manager.submit, runtime.manager.notify)
     app[RUNTIME] = runtime
+    background: list[Lifecycle] = [a for a in channels.values() if isinstance(a, Lifecycle)]
     app[METRICS] = _metrics(runtime)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -49,8 +57,16 @@ def build_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
-        yield
-        await runtime.aclose(settings.server.shutdown_grace_s)
+        started: list[Lifecycle] = []
+        try:
+            for service in background:
+                await service.start()
+                started.append(service)
+            yield
+        finally:
+            for service in reversed(started):
+                await service.aclose()
+            await runtime.aclose(settings.server.shutdown_grace_s)
 
     async def close_streams(app: web.Application) -> None:
         chat.close()

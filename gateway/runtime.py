@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from channels.base import ChannelAdapter
-from core.agent.builtin import SearchKnowledge
+from core.agent.builtin import SearchKnowledge, SendButtons
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
 from core.agent.offline import OfflineModel
@@ -66,7 +66,7 @@ class Runtime:
         a = settings.agent
         knowledge = KnowledgeBase.from_dir(a.knowledge_dir)
         model = model or build_model(settings)
-        tools = ToolRegistry([SearchKnowledge(knowledge)])
+        tools = ToolRegistry([SearchKnowledge(knowledge), SendButtons()])
         lim = a.limits
         loop = AgentLoop(
             model,

@@ -20,12 +20,13 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
-    ValidationInfo,
-    field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from channels.slack.settings import SlackSettings
+from channels.telegram.settings import TelegramSettings
+from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ConfigError
 from core.sessions import QueueMode
 
@@ -34,6 +35,7 @@ __all__ = ["DEFAULT_CONFIG", "EXAMPLE_CONFIG", "Settings", "load_settings", "set
 DEFAULT_CONFIG = Path("config/switchboard.toml")
 EXAMPLE_CONFIG = Path("config/switchboard.example.toml")
 ENV_PREFIX = "SWITCHBOARD__"
+PLATFORM_CHANNELS = ("telegram", "slack", "whatsapp")
 
 DEFAULT_INSTRUCTIONS = (
     "You are a helpful, concise assistant for a business. Answer from the knowledge base using "
@@ -93,65 +95,9 @@ class WebChannelSettings(_Section):
     enabled: bool = True
 
 
-def _present(value: object) -> bool:
-    text = value.get_secret_value() if isinstance(value, SecretStr) else value
-    return bool(text)
-
-
-def _required_when_enabled(value: Any, info: ValidationInfo) -> Any:
-    """Channels fail closed: an enabled channel without its secrets does not start."""
-    if info.data.get("enabled") and not _present(value):
-        raise ValueError("required when the channel is enabled")
-    return value
-
-
-def _secret() -> Any:
-    return Field(default=None, validate_default=True)
-
-
-class TelegramSettings(_Section):
-    enabled: bool = False
-    token: SecretStr | None = _secret()
-    webhook_secret: SecretStr | None = None
-    mode: Literal["webhook", "polling"] | None = None  # default: webhook when public_url is set
-    api_base: str = "https://api.telegram.org"
-
-    _check = field_validator("token")(_required_when_enabled)
-
-
-class SlackSettings(_Section):
-    enabled: bool = False
-    bot_token: SecretStr | None = _secret()
-    signing_secret: SecretStr | None = _secret()
-    mode: Literal["events", "socket"] = "events"
-    app_token: SecretStr | None = _secret()
-    api_base: str = "https://slack.com/api"
-
-    _check = field_validator("bot_token", "signing_secret")(_required_when_enabled)
-
-    @field_validator("app_token")
-    @classmethod
-    def _app_token(cls, value: Any, info: ValidationInfo) -> Any:
-        if info.data.get("mode") == "socket":
-            return _required_when_enabled(value, info)
-        return value
-
-
-class WhatsAppSettings(_Section):
-    enabled: bool = False
-    access_token: SecretStr | None = _secret()
-    app_secret: SecretStr | None = _secret()
-    verify_token: SecretStr | None = _secret()
-    phone_number_id: str | None = _secret()
-    api_base: str = "https://graph.facebook.com"
-    api_version: str = "v21.0"
-
-    _check = field_validator("access_token", "app_secret", "verify_token", "phone_number_id")(
-        _required_when_enabled
-    )
-
-
 class ChannelsSettings(_Section):
+    media_dir: str = "data/files"  # files people send, one folder per session
+    max_media_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, le=2 * 1024 * 1024 * 1024)
     web: WebChannelSettings = WebChannelSettings()
     telegram: TelegramSettings = TelegramSettings()
     slack: SlackSettings = SlackSettings()
@@ -216,11 +162,6 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, _EnvSource(settings_cls), _FileSource(settings_cls))
-
-    @property
-    def telegram_mode(self) -> str:
-        tg = self.channels.telegram
-        return tg.mode or ("webhook" if self.server.public_url else "polling")
 
     def sqlite_path(self) -> str:
         """The file path of a sqlite: store URL (relative paths are relative to the cwd)."""
@@ -329,17 +270,8 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     if url is not None and not url.startswith(("https://", "http://")):
         p.append(("server.public_url", "must be an http:// or https:// URL"))
 
-    tg = s.channels.telegram
-    if tg.enabled and s.telegram_mode == "webhook":
-        if not _present(tg.webhook_secret):
-            p.append(
-                (
-                    "channels.telegram.webhook_secret",
-                    "required when the channel is enabled in webhook mode",
-                )
-            )
-        if s.server.public_url is None:
-            p.append(("server.public_url", 'required for channels.telegram.mode = "webhook"'))
+    for name in PLATFORM_CHANNELS:
+        p.extend(getattr(s.channels, name).problems(s.server.public_url))
     if not Path(s.agent.knowledge_dir).is_dir():
         p.append(("agent.knowledge_dir", f"not a directory: {s.agent.knowledge_dir}"))
     return p
@@ -348,8 +280,10 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
 def settings_warnings(s: Settings) -> list[tuple[str, str]]:
     """Valid but worth saying: things that will not do what the operator may expect."""
     w: list[tuple[str, str]] = []
-    for name in ("telegram", "slack", "whatsapp"):
-        if getattr(s.channels, name).enabled:
+    from gateway.channels import available  # settings must not import channel code eagerly
+
+    for name in PLATFORM_CHANNELS:
+        if getattr(s.channels, name).enabled and not available(name):
             w.append(
                 (f"channels.{name}.enabled", "this channel is not available in this version yet")
             )

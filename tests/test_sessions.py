@@ -425,3 +425,21 @@ async def test_no_overlap_in_any_mode(make_rig: Callable[..., Any], mode: QueueM
     assert await rig.store.pending(str(key())) == []
     answered = [t for r in rig.outlet.texts() for t in r.removeprefix("echo: ").split(" | ")]
     assert answered == [f"m{i}" for i in range(10)]
+
+
+async def test_notify_delivers_a_notice_outside_any_run(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.notify(key("N"), "Sorry, I can't read stickers yet.")
+    await settle(rig)
+    assert rig.outlet.texts(key("N")) == ["Sorry, I can't read stickers yet."]
+    assert rig.model.requests == []
+
+
+async def test_run_messages_lists_what_a_run_answered(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("question", pid="q-1"))
+    await settle(rig)
+    (_, part) = rig.outlet.sent[0]
+    assert part.run_id is not None
+    answered = await rig.store.run_messages(part.run_id)
+    assert [m.platform_id for m in answered] == ["q-1"]

@@ -64,7 +64,7 @@ def test_defaults_when_the_file_sets_nothing(tmp_path: Path) -> None:
         "https://graph.facebook.com",
         "v21.0",
     )
-    assert s.telegram_mode == "polling"  # no public_url
+    assert s.channels.telegram.effective_mode(s.server.public_url) == "polling"  # no public_url
     assert settings_warnings(s) == []
 
 
@@ -92,7 +92,7 @@ def test_values_from_the_file_are_used(tmp_path: Path) -> None:
     assert s.agent.history_turns == 4
     assert (s.agent.limits.max_steps, s.agent.limits.temperature) == (7, 0.0)
     assert s.agent.limits.max_tool_calls == 6  # untouched keys keep their defaults
-    assert s.telegram_mode == "webhook"  # public_url set
+    assert s.channels.telegram.effective_mode(s.server.public_url) == "webhook"  # public_url set
 
 
 # ${VAR} interpolation

@@ -8,8 +8,9 @@ from pydantic import BaseModel, Field
 
 from core.agent.tools import ToolContext
 from core.knowledge import KnowledgeBase
+from core.models import Button
 
-__all__ = ["SearchKnowledge"]
+__all__ = ["SearchKnowledge", "SendButtons"]
 
 SNIPPET_CHARS = 900
 
@@ -55,3 +56,31 @@ def _snippet(text: str) -> str:
         return text
     cut = text[:SNIPPET_CHARS]
     return cut[: cut.rfind(" ")] + " …"
+
+
+class ButtonArg(BaseModel):
+    label: str = Field(min_length=1, max_length=80, description="What the button says.")
+    value: str = Field(
+        default="", max_length=256, description="What pressing it sends back (default: label)."
+    )
+
+
+class SendButtonsArgs(BaseModel):
+    buttons: list[ButtonArg] = Field(min_length=1, max_length=10)
+
+
+class SendButtons:
+    """send_buttons: quick replies shown with the answer; each channel renders them its way."""
+
+    name: ClassVar[str] = "send_buttons"
+    description: ClassVar[str] = (
+        "Offer the person up to 10 quick-reply buttons with your answer (for example choices "
+        "or yes/no). Call it once, then write the answer text as usual."
+    )
+    args_model: ClassVar[type[BaseModel]] = SendButtonsArgs
+    read_only: ClassVar[bool] = True
+    timeout_s: ClassVar[float] = 1.0
+
+    async def __call__(self, args: SendButtonsArgs, ctx: ToolContext) -> dict[str, Any]:
+        ctx.buttons[:] = [Button(label=b.label, value=b.value or b.label) for b in args.buttons]
+        return {"ok": True, "buttons": [b.label for b in ctx.buttons]}

@@ -20,6 +20,7 @@ from core.agent.model import (
 from core.agent.sanitize import StreamFilter, strip_reasoning, wrap_user_text
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError
+from core.models import Button
 
 __all__ = [
     "AgentEvent",
@@ -100,6 +101,7 @@ class RunOutcome:
     calls: list[dict[str, Any]] = field(default_factory=list)
     steered: int = 0
     error: str | None = None
+    buttons: list[Button] = field(default_factory=list)
 
 
 class AgentLoop:
@@ -205,6 +207,7 @@ class AgentLoop:
                 messages.append(ChatMessage("tool", content, tool_call_id=call.id, name=call.name))
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or APOLOGY_EMPTY
+        out.buttons = list(ctx.buttons)
         if not last_text:
             log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from core.agent.model import ToolSpec
 from core.errors import ToolError
+from core.models import Button
 
 __all__ = ["Tool", "ToolContext", "ToolRegistry", "ToolResult"]
 
@@ -25,6 +26,7 @@ class ToolContext:
     session: str
     run_id: str
     state: dict[str, Any] = field(default_factory=dict)
+    buttons: list[Button] = field(default_factory=list)  # quick replies for the final answer
 
 
 class Tool(Protocol):

@@ -103,6 +103,10 @@ class Store(Protocol):
     async def pending(self, session: str) -> list[InboxItem]:
         """Messages of the session not yet answered, oldest first."""
 
+    async def run_messages(self, run_id: str) -> list[InboundMessage]:
+        """The inbound messages a committed run answered, oldest first (e.g. to reply to the
+        triggering message in a group)."""
+
     async def sessions_with_work(self) -> list[str]:
         """Sessions with pending inbox messages or undelivered outbox parts."""
 
@@ -143,6 +147,23 @@ class Store(Protocol):
     async def mark_sent(self, part_id: int, platform_id: str | None) -> None: ...
 
     async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None: ...
+
+    async def update_delivery(
+        self, channel: str, platform_id: str, status: str, error: str | None = None
+    ) -> bool:
+        """Record a platform's delivery report (sent, delivered, read, failed) for the part it
+        confirmed under `platform_id`. False when no such part is known."""
+
+    async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
+        """(outbox status, platform delivery status, last error) of a reply part."""
+
+    async def last_inbound_at(self, session: str) -> float | None:
+        """When the person last wrote in this session (e.g. WhatsApp's 24-hour window)."""
+
+    # small durable state for adapters (polling offsets, long button ids, cached identities)
+    async def kv_get(self, namespace: str, key: str) -> str | None: ...
+
+    async def kv_set(self, namespace: str, key: str, value: str) -> None: ...
 
     # leases: one runner per session, across processes
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool: ...

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from core.errors import StoreError
-from core.models import InboundMessage, OutboundPart, Reply
+from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.store.base import (
     HistoryEntry,
     InboxItem,
@@ -77,17 +77,27 @@ CREATE INDEX IF NOT EXISTS messages_session ON messages (session, epoch, id);
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session TEXT NOT NULL,
+    channel TEXT NOT NULL,
     run_id TEXT,
     seq INTEGER NOT NULL,
     reply TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'pending',
     attempts INTEGER NOT NULL DEFAULT 0,
     platform_id TEXT,
+    delivery TEXT,
     error TEXT,
     created_at REAL NOT NULL,
     sent_at REAL
 );
 CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (session, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_platform ON outbox (channel, platform_id);
+CREATE TABLE IF NOT EXISTS channel_state (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY,
     session TEXT NOT NULL,
@@ -278,6 +288,14 @@ class SqliteStore:
             )
         )
         return [InboxItem(r[0], InboundMessage.model_validate_json(r[1])) for r in rows]
+
+    async def run_messages(self, run_id: str) -> list[InboundMessage]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c, "SELECT payload FROM inbox WHERE run_id = ? ORDER BY id", (run_id,)
+            )
+        )
+        return [InboundMessage.model_validate_json(r[0]) for r in rows]
 
     async def sessions_with_work(self) -> list[str]:
         rows = await self._read(
@@ -473,6 +491,59 @@ class SqliteStore:
 
         await self._write(op)
 
+    async def update_delivery(
+        self, channel: str, platform_id: str, status: str, error: str | None = None
+    ) -> bool:
+        async def op(c: aiosqlite.Connection) -> bool:
+            cur = await c.execute(
+                "UPDATE outbox SET delivery = ?, error = coalesce(?, error)"
+                " WHERE channel = ? AND platform_id = ?",
+                (status, error, channel, platform_id),
+            )
+            return cur.rowcount > 0
+
+        found: bool = await self._write(op)
+        return found
+
+    async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
+        row = await self._read(
+            lambda c: _fetchone(
+                c, "SELECT status, delivery, error FROM outbox WHERE id = ?", (part_id,)
+            )
+        )
+        return None if row is None else (row[0], row[1], row[2])
+
+    async def last_inbound_at(self, session: str) -> float | None:
+        row = await self._read(
+            lambda c: _fetchone(
+                c,
+                "SELECT max(received_at) FROM inbox WHERE session = ? AND status != 'duplicate'",
+                (session,),
+            )
+        )
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def kv_get(self, namespace: str, key: str) -> str | None:
+        row = await self._read(
+            lambda c: _fetchone(
+                c,
+                "SELECT value FROM channel_state WHERE namespace = ? AND key = ?",
+                (namespace, key),
+            )
+        )
+        return None if row is None else str(row[0])
+
+    async def kv_set(self, namespace: str, key: str, value: str) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+                " updated_at = excluded.updated_at",
+                (namespace, key, value, time.time()),
+            )
+
+        await self._write(op)
+
     # leases
 
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
@@ -516,6 +587,10 @@ class SqliteStore:
 class _LeaseLost(Exception):
     def __init__(self, session: str) -> None:
         super().__init__(f"lease on {session} is no longer held")
+
+
+def _channel_of(session: str) -> str:
+    return SessionKey.parse(session).channel
 
 
 async def _rollback(conn: aiosqlite.Connection) -> None:
@@ -564,8 +639,9 @@ async def _insert_outbox(
     now = time.time()
     for seq, reply in enumerate(replies):
         cur = await c.execute(
-            "INSERT INTO outbox (session, run_id, seq, reply, created_at) VALUES (?, ?, ?, ?, ?)",
-            (session, run_id, seq, reply.model_dump_json(), now),
+            "INSERT INTO outbox (session, channel, run_id, seq, reply, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (session, _channel_of(session), run_id, seq, reply.model_dump_json(), now),
         )
         assert cur.lastrowid is not None
         parts.append(
