@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol, runtime_checkable
@@ -30,6 +30,7 @@ __all__ = [
     "AgentProfile",
     "DeliveryPolicy",
     "LiveOutlet",
+    "NotifyingStore",
     "Outlet",
     "QueueMode",
     "SessionManager",
@@ -66,13 +67,20 @@ class LiveOutlet(Protocol):
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None: ...
 
 
+@runtime_checkable
+class NotifyingStore(Protocol):
+    """Optional: a store shared by replicas tells each one about messages the others stored."""
+
+    async def listen(self, on_session: Callable[[str], None]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SessionPolicy:
     queue_mode: QueueMode = QueueMode.COLLECT
     debounce_s: float = 0.0
     max_pending: int = 100
     history_turns: int = 10
-    lease_ttl_s: float = 30.0
+    lease_ttl_s: float = 15.0
 
 
 @dataclass(slots=True)
@@ -107,19 +115,50 @@ class SessionManager:
         self._closing = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Resume sessions that had unanswered messages or undelivered replies."""
+    async def start(self, *, sweep_interval_s: float = 5.0) -> None:
+        """Resume sessions with unanswered messages or undelivered replies, listen for
+        messages stored by other replicas, and keep sweeping for work nobody holds (a dead
+        replica's sessions once their leases expire)."""
+        if isinstance(self.store, NotifyingStore):
+            await self.store.listen(self._remote_arrival)
+        await self._sweep()
+        self._sweeper = asyncio.create_task(self._sweep_forever(sweep_interval_s))
+
+    async def _sweep(self) -> None:
         for skey in await self.store.sessions_with_work():
             try:
-                self._wake(SessionKey.parse(skey), arrived=False)
+                key = SessionKey.parse(skey)
             except ValueError:
                 log.error("skipping unparseable session key %r", skey)
+                continue
+            if key.channel in self.outlets and skey not in self._runners:
+                self._wake(key, arrived=False)
+
+    async def _sweep_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self._sweep()
+            except StoreError as exc:
+                log.warning("sweep failed: %s", exc)
+
+    def _remote_arrival(self, skey: str) -> None:
+        try:
+            key = SessionKey.parse(skey)
+        except ValueError:
+            return
+        if key.channel in self.outlets:
+            self._wake(key, arrived=True)
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Stop taking turns; let running ones finish within the grace period, then cancel.
         Anything unfinished stays pending in the store and is resumed at the next start."""
         self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         tasks = [r.task for r in self._runners.values()] + list(self._side_tasks)
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=grace_s)
@@ -256,16 +295,13 @@ class _Runner:
                     self.mgr._idle.set()
 
     async def _acquire(self) -> bool:
-        deadline = time.monotonic() + 2 * self.policy.lease_ttl_s
-        while True:
-            if await self.mgr.store.acquire_lease(
-                self.skey, self.mgr.owner, self.policy.lease_ttl_s
-            ):
-                self.lease_lost = False
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(min(1.0, self.policy.lease_ttl_s / 3))
+        """Take the session's lease, or leave: whoever holds it reads pending work before it
+        lets go, and the sweeper picks the session up if that holder dies."""
+        acquired = await self.mgr.store.acquire_lease(
+            self.skey, self.mgr.owner, self.policy.lease_ttl_s
+        )
+        self.lease_lost = not acquired
+        return acquired
 
     async def _heartbeat(self) -> None:
         while True:

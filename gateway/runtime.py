@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,6 +28,11 @@ DEFAULT_AGENT = "default"
 
 
 def build_store(settings: Settings) -> Store:
+    url = settings.store.url
+    if url.startswith(("postgresql:", "postgres:")):
+        from core.store.postgres import PostgresStore  # optional extra: asyncpg
+
+        return PostgresStore(url, max_size=settings.store.pool_size)
     return SqliteStore(settings.sqlite_path())
 
 
@@ -89,6 +95,7 @@ class Runtime:
                 debounce_s=a.debounce_ms / 1000,
                 max_pending=a.max_pending,
                 history_turns=a.history_turns,
+                lease_ttl_s=settings.store.lease_ttl_s,
             ),
             output_rules={name: ch.output_rules for name, ch in channels.items()},
             greeting=a.greeting,
@@ -99,13 +106,13 @@ class Runtime:
             {DEFAULT_AGENT: profile},
             channels,
             max_concurrent_runs=a.max_concurrent_runs,
-            owner=f"{socket.gethostname()}:{os.getpid()}",
+            owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
         )
         return cls(settings, store, model, manager, knowledge)
 
     async def start(self) -> None:
         await self.store.start()
-        await self.manager.start()
+        await self.manager.start(sweep_interval_s=self.settings.store.poll_interval_s)
         log.info(
             "runtime started: store=%s model=%s knowledge=%d sections",
             self.settings.store.url,

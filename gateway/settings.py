@@ -58,6 +58,9 @@ class ServerSettings(_Section):
 
 class StoreSettings(_Section):
     url: str = "sqlite:///data/switchboard.db"
+    lease_ttl_s: float = Field(default=15.0, ge=0.5, le=600)  # a dead replica's sessions wait this
+    poll_interval_s: float = Field(default=5.0, ge=0.05, le=600)  # sweep for work nobody holds
+    pool_size: int = Field(default=10, ge=1, le=200)  # PostgreSQL connections per replica
 
 
 class ModelSettings(_Section):
@@ -256,8 +259,8 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
         p.append(("store.url", 'must start with "sqlite:///" or "postgresql://"'))
     elif s.store.url.startswith("sqlite:") and not s.store.url.startswith("sqlite:///"):
         p.append(("store.url", 'a SQLite URL looks like "sqlite:///data/switchboard.db"'))
-    elif s.store.url.startswith("postgres"):
-        p.append(("store.url", "the PostgreSQL store is not available in this version yet"))
+    elif s.store.url.startswith("postgres") and not _has_asyncpg():
+        p.append(("store.url", "PostgreSQL needs the postgres extra: pip install '.[postgres]'"))
     if s.model.provider == "openai" and not s.model.name:
         p.append(("model.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
     if s.model.provider == "anthropic":
@@ -275,6 +278,12 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     if not Path(s.agent.knowledge_dir).is_dir():
         p.append(("agent.knowledge_dir", f"not a directory: {s.agent.knowledge_dir}"))
     return p
+
+
+def _has_asyncpg() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("asyncpg") is not None
 
 
 def settings_warnings(s: Settings) -> list[tuple[str, str]]:

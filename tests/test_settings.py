@@ -394,13 +394,18 @@ def test_store_url_sqlite_accepted(tmp_path: Path, url: str, path: str) -> None:
         "mysql://root@localhost/db",
         "data/switchboard.db",
         "sqlite://data/switchboard.db",
-        "postgresql://user@host/db",
-        "postgres://user@host/db",
     ],
 )
 def test_store_url_rejected(tmp_path: Path, url: str) -> None:
     problems = problems_of(write(tmp_path, f'[store]\nurl = "{url}"\n'))
     assert [key for key, _ in problems] == ["store.url"]
+
+
+@pytest.mark.parametrize("url", ["postgresql://user@host/db", "postgres://user@host/db"])
+def test_store_url_postgres_accepted(tmp_path: Path, url: str) -> None:
+    s = load_settings(write(tmp_path, f'[store]\nurl = "{url}"\nlease_ttl_s = 5\n'))
+    assert s.store.url == url
+    assert s.store.lease_ttl_s == 5
 
 
 # warnings

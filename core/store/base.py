@@ -108,7 +108,8 @@ class Store(Protocol):
         triggering message in a group)."""
 
     async def sessions_with_work(self) -> list[str]:
-        """Sessions with pending inbox messages or undelivered outbox parts."""
+        """Sessions with pending inbox messages or undelivered outbox parts that no live runner
+        holds (no lease, or an expired one): the work a replica should pick up."""
 
     # sessions and history
     async def get_session(self, session: str) -> SessionRecord: ...

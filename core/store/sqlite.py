@@ -31,90 +31,13 @@ from core.store.base import (
     SessionRecord,
     TranscriptEntry,
 )
+from core.store.sqlite_schema import MIGRATIONS
 
 __all__ = ["SqliteStore"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 WriteOp = Callable[[aiosqlite.Connection], Awaitable[Any]]
-
-SCHEMA_VERSION = 1
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session TEXT NOT NULL,
-    channel TEXT NOT NULL,
-    account TEXT NOT NULL,
-    platform_id TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    status TEXT NOT NULL,
-    run_id TEXT,
-    received_at REAL NOT NULL,
-    UNIQUE (channel, account, platform_id)
-);
-CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (session, id) WHERE status = 'pending';
-CREATE TABLE IF NOT EXISTS sessions (
-    key TEXT PRIMARY KEY,
-    epoch INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL DEFAULT '{}',
-    last_activity REAL,
-    reset_at REAL NOT NULL DEFAULT 0,
-    lease_owner TEXT,
-    lease_until REAL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session TEXT NOT NULL,
-    epoch INTEGER NOT NULL,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    reply TEXT,
-    run_id TEXT,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_session ON messages (session, epoch, id);
-CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session TEXT NOT NULL,
-    channel TEXT NOT NULL,
-    run_id TEXT,
-    seq INTEGER NOT NULL,
-    reply TEXT NOT NULL,
-    status TEXT NOT NULL DEFAULT 'pending',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    platform_id TEXT,
-    delivery TEXT,
-    error TEXT,
-    created_at REAL NOT NULL,
-    sent_at REAL
-);
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (session, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS outbox_platform ON outbox (channel, platform_id);
-CREATE TABLE IF NOT EXISTS channel_state (
-    namespace TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (namespace, key)
-);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY,
-    session TEXT NOT NULL,
-    status TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    ended_at REAL,
-    steps INTEGER NOT NULL,
-    tool_calls INTEGER NOT NULL,
-    input_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL,
-    limits_hit TEXT NOT NULL,
-    error TEXT,
-    inbox_ids TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS runs_session ON runs (session, started_at);
-"""
 
 
 class _Op:
@@ -144,14 +67,7 @@ class SqliteStore:
             if self._path != ":memory:":
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             self._writer = await self._connect()
-            await self._writer.executescript(SCHEMA)
-            async with self._writer.execute("SELECT version FROM schema_version") as cur:
-                row = await cur.fetchone()
-            if row is None:
-                await self._writer.execute(
-                    "INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,)
-                )
-            await self._writer.commit()
+            await _migrate(self._writer)
             self._reader = self._writer if self._path == ":memory:" else await self._connect()
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
@@ -301,8 +217,11 @@ class SqliteStore:
         rows = await self._read(
             lambda c: _fetchall(
                 c,
-                "SELECT session FROM inbox WHERE status = 'pending'"
-                " UNION SELECT session FROM outbox WHERE status = 'pending'",
+                "SELECT w.session FROM (SELECT session FROM inbox WHERE status = 'pending'"
+                " UNION SELECT session FROM outbox WHERE status = 'pending') AS w"
+                " LEFT JOIN sessions s ON s.key = w.session"
+                " WHERE s.lease_owner IS NULL OR s.lease_until < ?",
+                (time.time(),),
             )
         )
         return [r[0] for r in rows]
@@ -587,6 +506,22 @@ class SqliteStore:
 class _LeaseLost(Exception):
     def __init__(self, session: str) -> None:
         super().__init__(f"lease on {session} is no longer held")
+
+
+async def _migrate(conn: aiosqlite.Connection) -> None:
+    """Apply the migrations this file has not seen. Each runs in its own transaction and
+    records its version only if absent, so processes starting together cannot double-apply."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    async with conn.execute("SELECT coalesce(max(version), 0) FROM schema_version") as cur:
+        row = await cur.fetchone()
+    current = row[0] if row else 0
+    for version, script in MIGRATIONS:
+        if version <= current:
+            continue
+        await conn.executescript(
+            f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_version (version) SELECT {version}"
+            f" WHERE NOT EXISTS (SELECT 1 FROM schema_version WHERE version = {version});\nCOMMIT;"
+        )
 
 
 def _channel_of(session: str) -> str:

@@ -1,20 +1,26 @@
-"""The SQLite store: dedupe, queue cap, FIFO, atomic turns, leases, history, outbox, durability,
-and the single writer's group commit."""
+"""The store contract, run against SQLite and PostgreSQL: dedupe, queue cap, FIFO, atomic
+turns, leases, history, outbox, durability; plus the SQLite writer's group commit."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 import pytest
+import pytest_asyncio
 
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, Sender
-from core.store import InboxStatus, RunRecord, SqliteStore
+from core.store import InboxStatus, RunRecord, SqliteStore, Store
+from core.store.postgres import PostgresStore
+from tests.conftest import pg_schema
 
 S1 = "default:web:default:alice"
 S2 = "default:web:default:bob"
@@ -59,7 +65,7 @@ def run_for(session: str, inbox_ids: list[int], run_id: str | None = None) -> Ru
 
 
 async def turn(
-    store: SqliteStore, session: str, user_text: str, *replies: str, owner: str = "w1"
+    store: Store, session: str, user_text: str, *replies: str, owner: str = "w1"
 ) -> list[OutboundPart]:
     """Put one message, take the lease and commit a turn answering it."""
     put = await store.put_inbound(session, msg(text=user_text), 100)
@@ -71,16 +77,53 @@ async def turn(
     return parts
 
 
-async def query(db: Path, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    """Read the file with an independent connection (what another process would see)."""
-    async with aiosqlite.connect(db) as conn, conn.execute(sql, args) as cur:
-        return list(await cur.fetchall())
+Opener = Callable[[], Awaitable[Store]]
+
+
+@pytest_asyncio.fixture(params=["sqlite", "postgres"])
+async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
+    """Opens (and later closes) stores on one backing database: a restart is a second open."""
+    async with contextlib.AsyncExitStack() as stack:
+        url = await stack.enter_async_context(pg_schema()) if request.param == "postgres" else ""
+        opened: list[Store] = []
+
+        async def open_one() -> Store:
+            s: Store = PostgresStore(url) if url else SqliteStore(tmp_path / "test.db")
+            await s.start()
+            opened.append(s)
+            return s
+
+        yield open_one
+        for s in opened:
+            await s.aclose()
+
+
+@pytest_asyncio.fixture
+async def store(open_store: Opener) -> Store:
+    return await open_store()
+
+
+async def query(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    """Read the rows with an independent connection (what another process would see)."""
+    if isinstance(store, SqliteStore):
+        async with aiosqlite.connect(store._path) as conn, conn.execute(sql, args) as cur:
+            return [tuple(r) for r in await cur.fetchall()]
+    assert isinstance(store, PostgresStore)
+    import asyncpg
+
+    n = iter(range(1, 100))
+    conn = await asyncpg.connect(store._dsn)
+    try:
+        rows = await conn.fetch(re.sub(r"\?", lambda _: f"${next(n)}", sql), *args)
+    finally:
+        await conn.close()
+    return [tuple(r) for r in rows]
 
 
 # inbox
 
 
-async def test_put_inbound_stores_once_and_returns_pending(store: SqliteStore) -> None:
+async def test_put_inbound_stores_once_and_returns_pending(store: Store) -> None:
     m = msg("tg-1", text="first")
     put = await store.put_inbound(S1, m, 10)
     assert put.status is InboxStatus.PENDING
@@ -90,7 +133,7 @@ async def test_put_inbound_stores_once_and_returns_pending(store: SqliteStore) -
 
 
 async def test_redelivery_is_duplicate_with_same_id_and_not_stored_twice(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     first = await store.put_inbound(S1, msg("tg-1", text="first"), 10)
     again = await store.put_inbound(S1, msg("tg-1", text="first (redelivered)"), 10)
@@ -101,7 +144,7 @@ async def test_redelivery_is_duplicate_with_same_id_and_not_stored_twice(
 
 
 async def test_same_platform_id_on_other_account_or_channel_is_a_different_message(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     base = await store.put_inbound(S1, msg("42", channel="telegram", account="bot-a"), 10)
     other_account = await store.put_inbound(S1, msg("42", channel="telegram", account="bot-b"), 10)
@@ -112,7 +155,7 @@ async def test_same_platform_id_on_other_account_or_channel_is_a_different_messa
     assert len(await store.pending(S1)) == 3
 
 
-async def test_max_pending_overflow_is_kept_but_not_pending(store: SqliteStore) -> None:
+async def test_max_pending_overflow_is_kept_but_not_pending(store: Store) -> None:
     a = await store.put_inbound(S1, msg(text="a"), 2)
     b = await store.put_inbound(S1, msg(text="b"), 2)
     c = await store.put_inbound(S1, msg("over", text="c"), 2)
@@ -131,7 +174,7 @@ async def test_max_pending_overflow_is_kept_but_not_pending(store: SqliteStore) 
     assert other.status is InboxStatus.PENDING
 
 
-async def test_pending_is_fifo_per_session_and_isolated(store: SqliteStore) -> None:
+async def test_pending_is_fifo_per_session_and_isolated(store: Store) -> None:
     for i in range(4):
         await store.put_inbound(S1, msg(text=f"a{i}"), 100)
         await store.put_inbound(S2, msg(text=f"b{i}", conversation="bob"), 100)
@@ -147,7 +190,7 @@ async def test_pending_is_fifo_per_session_and_isolated(store: SqliteStore) -> N
 # turns
 
 
-async def test_complete_turn_commits_everything(store: SqliteStore, tmp_path: Path) -> None:
+async def test_complete_turn_commits_everything(store: Store, tmp_path: Path) -> None:
     puts = [await store.put_inbound(S1, msg(text=t), 100) for t in ("q1", "q2", "later")]
     assert await store.acquire_lease(S1, "w1", 30.0)
     run = run_for(S1, [puts[0].id, puts[1].id], run_id="run-abc")
@@ -156,7 +199,7 @@ async def test_complete_turn_commits_everything(store: SqliteStore, tmp_path: Pa
 
     # exactly the run's messages are done
     assert [i.message.text for i in await store.pending(S1)] == ["later"]
-    rows = await query(tmp_path / "test.db", "SELECT id, status, run_id FROM inbox ORDER BY id")
+    rows = await query(store, "SELECT id, status, run_id FROM inbox ORDER BY id")
     assert rows == [
         (puts[0].id, "done", "run-abc"),
         (puts[1].id, "done", "run-abc"),
@@ -179,7 +222,7 @@ async def test_complete_turn_commits_everything(store: SqliteStore, tmp_path: Pa
     assert await store.outbox_pending(S1) == parts
     # the run is recorded
     runs = await query(
-        tmp_path / "test.db",
+        store,
         "SELECT id, session, status, steps, tool_calls, input_tokens, output_tokens,"
         " limits_hit, inbox_ids FROM runs",
     )
@@ -199,7 +242,7 @@ async def test_complete_turn_commits_everything(store: SqliteStore, tmp_path: Pa
 
 
 async def test_complete_turn_without_the_lease_raises_and_writes_nothing(
-    store: SqliteStore, tmp_path: Path
+    store: Store, tmp_path: Path
 ) -> None:
     put = await store.put_inbound(S1, msg(text="q"), 100)
     assert await store.acquire_lease(S1, "owner-a", 30.0)
@@ -210,7 +253,7 @@ async def test_complete_turn_without_the_lease_raises_and_writes_nothing(
     assert [i.id for i in await store.pending(S1)] == [put.id]
     assert await store.outbox_pending(S1) == []
     assert await store.history(S1, 10) == []
-    assert await query(tmp_path / "test.db", "SELECT id FROM runs") == []
+    assert await query(store, "SELECT id FROM runs") == []
     # after release, nobody holds it: still refused
     await store.release_lease(S1, "owner-a")
     with pytest.raises(StoreError):
@@ -221,7 +264,7 @@ async def test_complete_turn_without_the_lease_raises_and_writes_nothing(
 # leases
 
 
-async def test_lease_acquire_renew_release(store: SqliteStore) -> None:
+async def test_lease_acquire_renew_release(store: Store) -> None:
     assert await store.acquire_lease(S1, "a", 30.0)
     assert await store.acquire_lease(S1, "a", 30.0)  # the same owner re-acquires
     assert not await store.acquire_lease(S1, "b", 30.0)
@@ -236,7 +279,7 @@ async def test_lease_acquire_renew_release(store: SqliteStore) -> None:
     assert await store.acquire_lease(S2, "a", 30.0)
 
 
-async def test_lease_can_be_taken_over_after_expiry(store: SqliteStore) -> None:
+async def test_lease_can_be_taken_over_after_expiry(store: Store) -> None:
     assert await store.acquire_lease(S1, "a", 0.05)
     assert not await store.acquire_lease(S1, "b", 0.05)
     await asyncio.sleep(0.15)
@@ -245,7 +288,7 @@ async def test_lease_can_be_taken_over_after_expiry(store: SqliteStore) -> None:
     assert not await store.acquire_lease(S1, "a", 30.0)
 
 
-async def test_renew_extends_the_lease(store: SqliteStore) -> None:
+async def test_renew_extends_the_lease(store: Store) -> None:
     assert await store.acquire_lease(S1, "a", 0.2)
     await asyncio.sleep(0.1)
     assert await store.renew_lease(S1, "a", 30.0)
@@ -256,7 +299,7 @@ async def test_renew_extends_the_lease(store: SqliteStore) -> None:
 # history and transcript
 
 
-async def test_history_limit_returns_newest_oldest_first(store: SqliteStore) -> None:
+async def test_history_limit_returns_newest_oldest_first(store: Store) -> None:
     for i in (1, 2, 3):
         await turn(store, S1, f"u{i}", f"a{i}")
     assert [h.content for h in await store.history(S1, 3)] == ["a2", "u3", "a3"]
@@ -272,7 +315,7 @@ async def test_history_limit_returns_newest_oldest_first(store: SqliteStore) -> 
     assert await store.history(S2, 10) == []
 
 
-async def test_history_only_shows_current_epoch_after_reset(store: SqliteStore) -> None:
+async def test_history_only_shows_current_epoch_after_reset(store: Store) -> None:
     await turn(store, S1, "old question", "old answer")
     await store.reset_session(S1)
     assert await store.history(S1, 10) == []
@@ -280,7 +323,7 @@ async def test_history_only_shows_current_epoch_after_reset(store: SqliteStore) 
     assert [h.content for h in await store.history(S1, 10)] == ["new question", "new answer"]
 
 
-async def test_transcript_in_time_order_since_last_reset(store: SqliteStore) -> None:
+async def test_transcript_in_time_order_since_last_reset(store: Store) -> None:
     await turn(store, S1, "before reset", "old reply")
     assert [e.text for e in await store.transcript(S1, 10)] == ["before reset", "old reply"]
     await asyncio.sleep(0.01)
@@ -313,7 +356,7 @@ async def test_transcript_in_time_order_since_last_reset(store: SqliteStore) -> 
 # session state
 
 
-async def test_transcript_puts_a_reply_after_what_it_answered(store: SqliteStore) -> None:
+async def test_transcript_puts_a_reply_after_what_it_answered(store: Store) -> None:
     """A message that arrives while a run streams must not split that run from its reply."""
     first = await store.put_inbound(S1, msg(text="one"), 100)
     await asyncio.sleep(0.01)
@@ -326,7 +369,7 @@ async def test_transcript_puts_a_reply_after_what_it_answered(store: SqliteStore
     assert second.id > first.id
 
 
-async def test_set_state_and_get_session(store: SqliteStore) -> None:
+async def test_set_state_and_get_session(store: Store) -> None:
     fresh = await store.get_session(S1)
     assert (fresh.key, fresh.epoch, fresh.state) == (S1, 0, {})
     state = {"plan": {"goal": "book a repair"}, "context": ["hours.md"], "state": {"step": 2}}
@@ -343,7 +386,7 @@ async def test_set_state_and_get_session(store: SqliteStore) -> None:
 # outbox
 
 
-async def test_outbox_mark_sent_and_failed(store: SqliteStore, tmp_path: Path) -> None:
+async def test_outbox_mark_sent_and_failed(store: Store, tmp_path: Path) -> None:
     sent, retry, dead = await store.enqueue_replies(
         S1, [Reply(text="sent"), Reply(text="retry"), Reply(text="dead")]
     )
@@ -360,9 +403,7 @@ async def test_outbox_mark_sent_and_failed(store: SqliteStore, tmp_path: Path) -
     await store.mark_failed(dead.id, "403 forbidden", permanent=True)
     assert [p.id for p in await store.outbox_pending(S1)] == [retry.id]
 
-    rows = await query(
-        tmp_path / "test.db", "SELECT id, status, platform_id, error FROM outbox ORDER BY id"
-    )
+    rows = await query(store, "SELECT id, status, platform_id, error FROM outbox ORDER BY id")
     assert rows == [
         (sent.id, "sent", "platform-9", None),
         (retry.id, "pending", None, "429"),
@@ -370,7 +411,7 @@ async def test_outbox_mark_sent_and_failed(store: SqliteStore, tmp_path: Path) -
     ]
 
 
-async def test_sessions_with_work(store: SqliteStore) -> None:
+async def test_sessions_with_work(store: Store) -> None:
     s_inbox, s_outbox, s_done = "k:web:default:in", "k:web:default:out", "k:web:default:done"
     await store.put_inbound(s_inbox, msg(text="waiting", conversation="in"), 100)
     await store.enqueue_replies(s_outbox, [Reply(text="undelivered")])
@@ -386,17 +427,14 @@ async def test_sessions_with_work(store: SqliteStore) -> None:
 # durability
 
 
-async def test_data_survives_a_restart(tmp_path: Path) -> None:
-    db = tmp_path / "durable.db"
-    first = SqliteStore(db)
-    await first.start()
+async def test_data_survives_a_restart(open_store: Opener) -> None:
+    first = await open_store()
     put = await first.put_inbound(S1, msg("tg-7", text="still there?"), 100)
     await first.set_state(S1, {"state": {"step": 1}})
     await turn(first, S2, "q", "unsent answer")
     await first.aclose()
 
-    second = SqliteStore(db)
-    await second.start()
+    second = await open_store()
     try:
         assert [(i.id, i.message.text) for i in await second.pending(S1)] == [
             (put.id, "still there?")
@@ -415,8 +453,9 @@ async def test_data_survives_a_restart(tmp_path: Path) -> None:
 
 
 async def test_group_commit_uses_far_fewer_transactions(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = sqlite_store
     batches: list[int] = []
     original = SqliteStore._run_batch
 
@@ -436,8 +475,9 @@ async def test_group_commit_uses_far_fewer_transactions(
 
 
 async def test_one_failing_op_does_not_fail_its_batch(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = sqlite_store
     batches: list[int] = []
     original = SqliteStore._run_batch
 
@@ -494,11 +534,11 @@ async def test_queued_writes_finish_before_close(tmp_path: Path) -> None:
     await asyncio.sleep(0)  # queued, not yet committed
     await s.aclose()
     assert all(t.result().status is InboxStatus.PENDING for t in tasks)
-    rows = await query(tmp_path / "drain.db", "SELECT count(*) FROM inbox")
+    rows = await query(s, "SELECT count(*) FROM inbox")
     assert rows == [(20,)]
 
 
-async def test_ping(store: SqliteStore) -> None:
+async def test_ping(store: Store) -> None:
     assert await store.ping() is None
 
 
@@ -508,3 +548,28 @@ async def test_start_on_an_unusable_path_raises_store_error(tmp_path: Path) -> N
     s = SqliteStore(blocker / "sub" / "db.sqlite")
     with pytest.raises(StoreError):
         await s.start()
+
+
+@pytest_asyncio.fixture
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "writer.db")
+    await s.start()
+    yield s
+    await s.aclose()
+
+
+async def test_migrations_are_idempotent(open_store: Opener) -> None:
+    first = await open_store()
+    await first.put_inbound(S1, msg(text="kept"), 10)
+    second = await open_store()  # applies nothing twice, loses nothing
+    assert [i.message.text for i in await second.pending(S1)] == ["kept"]
+    assert await query(second, "SELECT version FROM schema_version") == [(1,)]
+
+
+async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:
+    await store.put_inbound(S1, msg(text="orphan"), 10)
+    assert await store.acquire_lease(S1, "dead-replica", 0.2)
+    assert await store.sessions_with_work() == []  # held by a live lease
+    await asyncio.sleep(0.3)
+    assert await store.sessions_with_work() == [S1]  # expired: another replica takes it
+    assert await store.acquire_lease(S1, "new-replica", 5.0)

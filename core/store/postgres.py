@@ -1,0 +1,524 @@
+"""PostgreSQL store (asyncpg): several gateway replicas on one database.
+
+Leases use the database clock, so replicas with drifting clocks agree on expiry. A stored
+message NOTIFYs the other replicas (LISTEN/NOTIFY needs no extra service); each notification
+names the store instance that sent it, so a replica does not wake itself twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
+from typing import Any
+
+import asyncpg
+
+from core.errors import StoreError
+from core.models import InboundMessage, OutboundPart, Reply, SessionKey
+from core.store.base import (
+    HistoryEntry,
+    InboxItem,
+    InboxStatus,
+    PutResult,
+    RunRecord,
+    SessionRecord,
+    TranscriptEntry,
+)
+from core.store.postgres_schema import MIGRATIONS
+
+__all__ = ["PostgresStore"]
+
+log = logging.getLogger(__name__)
+NOTIFY_CHANNEL = "switchboard_inbox"
+NOW = "extract(epoch from clock_timestamp())"
+MIGRATION_LOCK = 0x5B0A_4D01  # pg_advisory_xact_lock key for schema changes
+
+
+class PostgresStore:
+    def __init__(self, dsn: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self._dsn = dsn
+        self._min, self._max = min_size, max_size
+        self._pool: asyncpg.Pool | None = None
+        self._id = uuid.uuid4().hex[:12]
+        self._listener: asyncpg.Connection | None = None
+        self._on_notify: Callable[[str], None] | None = None
+        self._relisten: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # lifecycle
+
+    async def start(self) -> None:
+        self._closed = False
+        try:
+            self._pool = await asyncpg.create_pool(
+                self._dsn, min_size=self._min, max_size=self._max
+            )
+            async with self._pool.acquire() as c, c.transaction():
+                await c.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
+                await c.execute(
+                    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+                )
+                current = await c.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+                for version, sql in MIGRATIONS:
+                    if version > current:
+                        await c.execute(sql)
+                        await c.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            await self.aclose()
+            raise StoreError(f"cannot open PostgreSQL store: {exc}") from exc
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._relisten is not None:
+            self._relisten.cancel()
+            await asyncio.gather(self._relisten, return_exceptions=True)
+            self._relisten = None
+        if self._listener is not None:
+            self._listener.remove_termination_listener(self._listener_lost)
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+            self._listener = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def listen(self, on_session: Callable[[str], None]) -> None:
+        """Call `on_session(session)` when another replica stores a message for it."""
+        self._on_notify = on_session
+        if self._listener is None:
+            await self._connect_listener()
+
+    async def _connect_listener(self) -> None:
+        try:
+            conn = await asyncpg.connect(self._dsn)
+            await conn.add_listener(NOTIFY_CHANNEL, self._notified)
+            conn.add_termination_listener(self._listener_lost)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
+        self._listener = conn
+
+    def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        origin, _, session = payload.partition(" ")
+        if origin != self._id and session and self._on_notify is not None:
+            self._on_notify(session)
+
+    def _listener_lost(self, conn: Any) -> None:
+        if self._closed:
+            return
+        if self._relisten is None or self._relisten.done():
+            log.warning("lost the LISTEN connection; reconnecting (polling covers the gap)")
+            self._relisten = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        delay = 0.5
+        while not self._closed:
+            try:
+                await self._connect_listener()
+                return
+            except StoreError as exc:
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    @contextlib.asynccontextmanager
+    async def _conn(self, *, tx: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        if self._pool is None:
+            raise StoreError("store is not running")
+        try:
+            async with self._pool.acquire() as c:
+                if tx:
+                    async with c.transaction():
+                        yield c
+                else:
+                    yield c
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"store operation failed: {exc}") from exc
+
+    async def ping(self) -> None:
+        async with self._conn() as c:
+            await c.fetchval("SELECT 1")
+
+    # inbox
+
+    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
+        async with self._conn(tx=True) as c:
+            # the upsert locks the session row: the pending count and the insert are one step
+            await c.execute(
+                "INSERT INTO sessions (key, last_activity) VALUES ($1, $2)"
+                " ON CONFLICT (key) DO UPDATE SET last_activity = excluded.last_activity",
+                session,
+                time.time(),
+            )
+            existing = await c.fetchval(
+                "SELECT id FROM inbox WHERE channel = $1 AND account = $2 AND platform_id = $3",
+                msg.channel,
+                msg.account,
+                msg.platform_id,
+            )
+            if existing is not None:
+                return PutResult(existing, InboxStatus.DUPLICATE)
+            queued = await c.fetchval(
+                "SELECT count(*) FROM inbox WHERE session = $1 AND status = 'pending'", session
+            )
+            status = InboxStatus.PENDING if queued < max_pending else InboxStatus.OVERFLOW
+            new_id = await c.fetchval(
+                "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
+                " received_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                " ON CONFLICT (channel, account, platform_id) DO NOTHING RETURNING id",
+                session,
+                msg.channel,
+                msg.account,
+                msg.platform_id,
+                msg.model_dump_json(),
+                str(status),
+                msg.received_at,
+            )
+            if new_id is None:  # another replica stored the same delivery a moment ago
+                other = await c.fetchval(
+                    "SELECT id FROM inbox WHERE channel = $1 AND account = $2 AND platform_id = $3",
+                    msg.channel,
+                    msg.account,
+                    msg.platform_id,
+                )
+                return PutResult(other, InboxStatus.DUPLICATE)
+            if status is InboxStatus.PENDING:
+                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{self._id} {session}")
+            return PutResult(new_id, status)
+
+    async def pending(self, session: str) -> list[InboxItem]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT id, payload FROM inbox WHERE session = $1 AND status = 'pending'"
+                " ORDER BY id",
+                session,
+            )
+        return [InboxItem(r[0], InboundMessage.model_validate_json(r[1])) for r in rows]
+
+    async def run_messages(self, run_id: str) -> list[InboundMessage]:
+        async with self._conn() as c:
+            rows = await c.fetch("SELECT payload FROM inbox WHERE run_id = $1 ORDER BY id", run_id)
+        return [InboundMessage.model_validate_json(r[0]) for r in rows]
+
+    async def sessions_with_work(self) -> list[str]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT w.session FROM (SELECT session FROM inbox WHERE status = 'pending'"
+                " UNION SELECT session FROM outbox WHERE status = 'pending') AS w"
+                " LEFT JOIN sessions s ON s.key = w.session"
+                f" WHERE s.lease_owner IS NULL OR s.lease_until < {NOW}"
+            )
+        return [r[0] for r in rows]
+
+    # sessions and history
+
+    async def get_session(self, session: str) -> SessionRecord:
+        async with self._conn() as c:
+            row = await c.fetchrow("SELECT epoch, state FROM sessions WHERE key = $1", session)
+        if row is None:
+            return SessionRecord(session, 0, {})
+        return SessionRecord(session, row[0], json.loads(row[1]))
+
+    async def set_state(self, session: str, state: dict[str, Any]) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "INSERT INTO sessions (key, state) VALUES ($1, $2)"
+                " ON CONFLICT (key) DO UPDATE SET state = excluded.state",
+                session,
+                json.dumps(state),
+            )
+
+    async def reset_session(self, session: str) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "INSERT INTO sessions (key, epoch, reset_at) VALUES ($1, 1, $2)"
+                " ON CONFLICT (key) DO UPDATE SET epoch = sessions.epoch + 1, state = '{}',"
+                " reset_at = excluded.reset_at",
+                session,
+                time.time(),
+            )
+
+    async def history(self, session: str, limit: int) -> list[HistoryEntry]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT m.id, m.role, m.content, m.run_id, m.created_at, m.reply FROM messages m"
+                " WHERE m.session = $1 AND m.epoch = (SELECT coalesce(max(epoch), 0)"
+                " FROM sessions WHERE key = $1) ORDER BY m.id DESC LIMIT $2",
+                session,
+                limit,
+            )
+        return [
+            HistoryEntry(
+                role=r[1],
+                content=r[2],
+                run_id=r[3],
+                created_at=r[4],
+                id=r[0],
+                reply=Reply.model_validate_json(r[5]) if r[5] else None,
+            )
+            for r in reversed(rows)
+        ]
+
+    async def transcript(self, session: str, limit: int) -> list[TranscriptEntry]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "WITH since AS (SELECT coalesce(max(reset_at), 0) AS t FROM sessions"
+                "  WHERE key = $1)"
+                " SELECT entry, role, body, ts FROM ("
+                " SELECT 'in-' || id AS entry, 'user' AS role, payload AS body,"
+                "  received_at AS ts, received_at AS k, 0 AS o, id AS n FROM inbox, since"
+                "  WHERE session = $1 AND received_at >= since.t"
+                " UNION ALL"
+                " SELECT 'out-' || o.id, 'assistant', o.reply, o.created_at,"
+                "  coalesce((SELECT max(i.received_at) FROM inbox i WHERE i.run_id = o.run_id"
+                "   AND i.session = o.session), o.created_at), 1, o.id FROM outbox o, since"
+                "  WHERE o.session = $1 AND o.created_at >= since.t"
+                ") AS t ORDER BY k DESC, o DESC, n DESC LIMIT $2",
+                session,
+                limit,
+            )
+        out = []
+        for entry_id, role, payload, ts in reversed(rows):
+            if role == "user":
+                msg = InboundMessage.model_validate_json(payload)
+                out.append(TranscriptEntry(entry_id, role, msg.text, ts))
+            else:
+                reply = Reply.model_validate_json(payload)
+                out.append(TranscriptEntry(entry_id, role, reply.text, ts, reply))
+        return out
+
+    # turns and outbox
+
+    async def complete_turn(
+        self, owner: str, run: RunRecord, user_text: str, replies: list[Reply]
+    ) -> list[OutboundPart]:
+        async with self._conn(tx=True) as c:
+            row = await c.fetchrow(
+                "SELECT lease_owner, epoch FROM sessions WHERE key = $1 FOR UPDATE", run.session
+            )
+            if row is None or row[0] != owner:
+                raise StoreError(f"lease on {run.session} is no longer held")
+            epoch, now = row[1], time.time()
+            await c.execute(
+                "UPDATE inbox SET status = 'done', run_id = $1 WHERE id = ANY($2::bigint[])"
+                " AND status = 'pending'",
+                run.id,
+                run.inbox_ids,
+            )
+            if user_text:
+                await c.execute(
+                    "INSERT INTO messages (session, epoch, role, content, run_id, created_at)"
+                    " VALUES ($1, $2, 'user', $3, $4, $5)",
+                    run.session,
+                    epoch,
+                    user_text,
+                    run.id,
+                    now,
+                )
+            await _insert_history(c, run.session, epoch, run.id, replies, now)
+            await _insert_run(c, run)
+            return await _insert_outbox(c, run.session, run.id, replies)
+
+    async def record_run(self, run: RunRecord) -> None:
+        async with self._conn() as c:
+            await _insert_run(c, run)
+
+    async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
+        async with self._conn(tx=True) as c:
+            epoch = await c.fetchval("SELECT epoch FROM sessions WHERE key = $1", session)
+            await _insert_history(c, session, epoch or 0, None, replies, time.time())
+            return await _insert_outbox(c, session, None, replies)
+
+    async def outbox_pending(self, session: str) -> list[OutboundPart]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT id, run_id, seq, reply, attempts FROM outbox"
+                " WHERE session = $1 AND status = 'pending' ORDER BY id",
+                session,
+            )
+        return [
+            OutboundPart(
+                id=r[0],
+                session=session,
+                run_id=r[1],
+                seq=r[2],
+                reply=Reply.model_validate_json(r[3]),
+                attempts=r[4],
+            )
+            for r in rows
+        ]
+
+    async def mark_sent(self, part_id: int, platform_id: str | None) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "UPDATE outbox SET status = 'sent', platform_id = $1, sent_at = $2,"
+                " attempts = attempts + 1 WHERE id = $3",
+                platform_id,
+                time.time(),
+                part_id,
+            )
+
+    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "UPDATE outbox SET status = $1, error = $2, attempts = attempts + 1 WHERE id = $3",
+                "failed" if permanent else "pending",
+                error,
+                part_id,
+            )
+
+    async def update_delivery(
+        self, channel: str, platform_id: str, status: str, error: str | None = None
+    ) -> bool:
+        async with self._conn() as c:
+            result = await c.execute(
+                "UPDATE outbox SET delivery = $1, error = coalesce($2, error)"
+                " WHERE channel = $3 AND platform_id = $4",
+                status,
+                error,
+                channel,
+                platform_id,
+            )
+        return not result.endswith(" 0")
+
+    async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
+        async with self._conn() as c:
+            row = await c.fetchrow(
+                "SELECT status, delivery, error FROM outbox WHERE id = $1", part_id
+            )
+        return None if row is None else (row[0], row[1], row[2])
+
+    async def last_inbound_at(self, session: str) -> float | None:
+        async with self._conn() as c:
+            value = await c.fetchval(
+                "SELECT max(received_at) FROM inbox WHERE session = $1 AND status != 'duplicate'",
+                session,
+            )
+        return None if value is None else float(value)
+
+    async def kv_get(self, namespace: str, key: str) -> str | None:
+        async with self._conn() as c:
+            value = await c.fetchval(
+                "SELECT value FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
+            )
+        return None if value is None else str(value)
+
+    async def kv_set(self, namespace: str, key: str, value: str) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "INSERT INTO channel_state (namespace, key, value, updated_at)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
+                " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                namespace,
+                key,
+                value,
+                time.time(),
+            )
+
+    # leases, on the database clock
+
+    async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
+        async with self._conn() as c:
+            row = await c.fetchval(
+                "INSERT INTO sessions (key, lease_owner, lease_until)"
+                f" VALUES ($1, $2, {NOW} + $3) ON CONFLICT (key) DO UPDATE"
+                " SET lease_owner = excluded.lease_owner, lease_until = excluded.lease_until"
+                " WHERE sessions.lease_owner IS NULL OR sessions.lease_owner = excluded.lease_owner"
+                f" OR sessions.lease_until < {NOW} RETURNING 1",
+                session,
+                owner,
+                ttl,
+            )
+        return row is not None
+
+    async def renew_lease(self, session: str, owner: str, ttl: float) -> bool:
+        async with self._conn() as c:
+            result = await c.execute(
+                f"UPDATE sessions SET lease_until = {NOW} + $1 WHERE key = $2 AND lease_owner = $3",
+                ttl,
+                session,
+                owner,
+            )
+        return not result.endswith(" 0")
+
+    async def release_lease(self, session: str, owner: str) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
+                " WHERE key = $1 AND lease_owner = $2",
+                session,
+                owner,
+            )
+
+
+async def _insert_history(
+    c: asyncpg.Connection,
+    session: str,
+    epoch: int,
+    run_id: str | None,
+    replies: list[Reply],
+    now: float,
+) -> None:
+    for reply in replies:
+        await c.execute(
+            "INSERT INTO messages (session, epoch, role, content, reply, run_id, created_at)"
+            " VALUES ($1, $2, 'assistant', $3, $4, $5, $6)",
+            session,
+            epoch,
+            reply.text,
+            reply.model_dump_json(),
+            run_id,
+            now,
+        )
+
+
+async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
+    d = asdict(run)
+    await c.execute(
+        "INSERT INTO runs (id, session, status, started_at, ended_at, steps, tool_calls,"
+        " input_tokens, output_tokens, limits_hit, error, inbox_ids, detail)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        " ON CONFLICT (id) DO UPDATE SET status = excluded.status,"
+        " ended_at = excluded.ended_at, steps = excluded.steps,"
+        " tool_calls = excluded.tool_calls, input_tokens = excluded.input_tokens,"
+        " output_tokens = excluded.output_tokens, limits_hit = excluded.limits_hit,"
+        " error = excluded.error, inbox_ids = excluded.inbox_ids, detail = excluded.detail",
+        run.id,
+        run.session,
+        run.status,
+        run.started_at,
+        run.ended_at,
+        run.steps,
+        run.tool_calls,
+        run.input_tokens,
+        run.output_tokens,
+        json.dumps(d["limits_hit"]),
+        run.error,
+        json.dumps(d["inbox_ids"]),
+        json.dumps(d["detail"], default=str),
+    )
+
+
+async def _insert_outbox(
+    c: asyncpg.Connection, session: str, run_id: str | None, replies: list[Reply]
+) -> list[OutboundPart]:
+    parts = []
+    channel, now = SessionKey.parse(session).channel, time.time()
+    for seq, reply in enumerate(replies):
+        part_id = await c.fetchval(
+            "INSERT INTO outbox (session, channel, run_id, seq, reply, created_at)"
+            " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            session,
+            channel,
+            run_id,
+            seq,
+            reply.model_dump_json(),
+            now,
+        )
+        parts.append(OutboundPart(id=part_id, session=session, run_id=run_id, seq=seq, reply=reply))
+    return parts

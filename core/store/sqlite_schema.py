@@ -1,0 +1,82 @@
+"""SQLite schema migrations: (version, script), applied in order at start, idempotently."""
+
+__all__ = ["MIGRATIONS"]
+
+V1 = """
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    account TEXT NOT NULL,
+    platform_id TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL,
+    run_id TEXT,
+    received_at REAL NOT NULL,
+    UNIQUE (channel, account, platform_id)
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (session, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_run ON inbox (run_id);
+CREATE TABLE IF NOT EXISTS sessions (
+    key TEXT PRIMARY KEY,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL DEFAULT '{}',
+    last_activity REAL,
+    reset_at REAL NOT NULL DEFAULT 0,
+    lease_owner TEXT,
+    lease_until REAL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reply TEXT,
+    run_id TEXT,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_session ON messages (session, epoch, id);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    run_id TEXT,
+    seq INTEGER NOT NULL,
+    reply TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    platform_id TEXT,
+    delivery TEXT,
+    error TEXT,
+    created_at REAL NOT NULL,
+    sent_at REAL
+);
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (session, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_platform ON outbox (channel, platform_id);
+CREATE TABLE IF NOT EXISTS channel_state (
+    namespace TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    session TEXT NOT NULL,
+    status TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    steps INTEGER NOT NULL,
+    tool_calls INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    limits_hit TEXT NOT NULL,
+    error TEXT,
+    inbox_ids TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_session ON runs (session, started_at);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1)]
