@@ -136,6 +136,8 @@ class FakeOpenAI:
         try:
             step = await self._next(body)
             return await self._serve(request, body, step)
+        except ConnectionResetError:  # the client went away mid-answer (a killed replica)
+            return web.Response(status=499)
         finally:
             self._active[key] -= 1
             self._concurrent -= 1

@@ -18,7 +18,7 @@ from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
 from core.agent.sanitize import wrap_user_text
 from core.agent.tools import ToolRegistry
 from core.errors import ChannelError
-from core.models import InboundMessage, MessageKind, Sender, SessionKey
+from core.models import InboundMessage, MessageKind, Reply, Sender, SessionKey
 from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
@@ -28,7 +28,7 @@ from core.sessions import (
     SessionManager,
     SessionPolicy,
 )
-from core.store import InboxStatus, SqliteStore
+from core.store import InboxStatus, SqliteStore, Store
 from tests.fakes import RecordingOutlet
 
 _USER = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
@@ -443,3 +443,18 @@ async def test_run_messages_lists_what_a_run_answered(make_rig: Callable[..., An
     assert part.run_id is not None
     answered = await rig.store.run_messages(part.run_id)
     assert [m.platform_id for m in answered] == ["q-1"]
+
+
+async def test_restart_delivers_committed_but_unsent_parts_once(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    skey = str(key("O"))
+    sent_before, unsent = await store.enqueue_replies(
+        skey, [Reply(text="already delivered"), Reply(text="crashed before sending")]
+    )
+    await store.mark_sent(sent_before.id, "p-old")
+    rig: Rig = await make_rig()  # start() finds the undelivered part
+    await settle(rig)
+    assert rig.outlet.texts(key("O")) == ["crashed before sending"]
+    assert await store.outbox_pending(skey) == []
+    assert unsent.id > sent_before.id
