@@ -573,3 +573,22 @@ async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:
     await asyncio.sleep(0.3)
     assert await store.sessions_with_work() == [S1]  # expired: another replica takes it
     assert await store.acquire_lease(S1, "new-replica", 5.0)
+
+
+async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    try:
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        await a.listen(heard.put_nowait)
+        await a.put_inbound(S1, msg(text="from a"), 10)  # a's own message: no wake-up
+        started = time.monotonic()
+        await b.put_inbound(S2, msg(text="from b"), 10)
+        assert await asyncio.wait_for(heard.get(), 5) == S2
+        assert time.monotonic() - started < 1.0  # milliseconds in practice; no polling
+        await asyncio.sleep(0.1)
+        assert heard.empty()
+    finally:
+        await a.aclose()
+        await b.aclose()
