@@ -12,11 +12,13 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from core.agent.loop import AgentEvent, AgentLoop, Done, RunOutcome, TextDelta, Turn
@@ -91,6 +93,7 @@ class AgentProfile:
     policy: SessionPolicy = field(default_factory=SessionPolicy)
     output_rules: Mapping[str, str] = field(default_factory=dict)  # per channel
     greeting: str = "Hello! How can I help you today?"
+    workspace_dir: Path | None = None  # one folder per session under it (kept tool results)
 
 
 class SessionManager:
@@ -205,6 +208,23 @@ class SessionManager:
         stored in the outbox, then delivered in order by the session's runner."""
         await self.store.enqueue_replies(str(key), [Reply(text=text)])
         self._wake(key, arrived=False)
+
+    async def pause(self, key: SessionKey, reason: str) -> None:
+        """A person takes over: the bot starts no run here until hand_back; messages are kept."""
+        session = await self.store.get_session(str(key))
+        state = dict(session.state)
+        state["handoff"] = {"reason": reason, "at": time.time(), "run": None}
+        await self.store.set_state(str(key), state)
+
+    async def hand_back(self, key: SessionKey) -> int:
+        """The operator gives the session back to the bot; held messages are answered in order."""
+        session = await self.store.get_session(str(key))
+        state = {k: v for k, v in session.state.items() if k != "handoff"}
+        await self.store.set_state(str(key), state)
+        released = await self.store.release_held(str(key))
+        if released:
+            self._wake(key, arrived=True)
+        return released
 
     def _notify_overflow(self, key: SessionKey) -> None:
         runner = self._runners.get(str(key))
@@ -328,6 +348,10 @@ class _Runner:
                 if self.poked:
                     continue
                 return
+            if (await self.mgr.store.get_session(self.skey)).state.get("handoff"):
+                held = await self.mgr.store.hold_pending(self.skey)
+                log.info("session %s is with an operator; %d message(s) held", self.skey, held)
+                continue
             head = items[0]
             if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:
                 await self._command(head)
@@ -370,8 +394,9 @@ class _Runner:
             system=system_prompt(self.profile.instructions, rules, session.state),
             history=history_messages(history),
             user_texts=list(self.batch_texts),
-            state=dict(session.state),
+            state=session.state,
             steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
+            workspace=self._workspace(),
         )
         live = self._live()
         if live is not None:
@@ -412,16 +437,27 @@ class _Runner:
         self.committing = True
         try:
             _fill(run, outcome)
+            state = outcome.state
+            if outcome.handoff:
+                state["handoff"] = {"reason": outcome.handoff, "at": time.time(), "run": run.id}
+            reply = Reply(text=outcome.text, buttons=tuple(outcome.buttons))
             await asyncio.shield(
                 self.mgr.store.complete_turn(
                     self.mgr.owner,
                     run,
                     "\n\n".join(self.batch_texts),
-                    [Reply(text=outcome.text, buttons=tuple(outcome.buttons))],
+                    [reply],
+                    state if state != session.state else None,
                 )
             )
         finally:
             self.committing = False
+        if outcome.handoff:
+            log.warning(
+                "handoff to a human requested: %s",
+                outcome.handoff,
+                extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
+            )
         if live is not None:
             await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
 
@@ -469,6 +505,12 @@ class _Runner:
         """Send stored reply parts in order; each is marked sent once the platform confirms."""
         async with self.deliver_lock:
             await self.mgr.outbox.deliver_pending(self.key)
+
+    def _workspace(self) -> Path | None:
+        root = self.profile.workspace_dir
+        if root is None:
+            return None
+        return root / re.sub(r"[^A-Za-z0-9_-]+", "_", self.skey)[:200]
 
     def _live(self) -> LiveOutlet | None:
         outlet = self.mgr.outlets.get(self.key.channel)

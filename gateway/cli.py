@@ -1,4 +1,5 @@
-"""`switchboard run | chat | check`: config errors are messages naming keys, never tracebacks."""
+"""`switchboard run | chat | check | telegram set-webhook`: config errors are messages naming
+keys, never tracebacks."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from channels.console import Console
-from core.errors import ConfigError, StoreError
+from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.logs import setup_logging
 from gateway.runtime import Runtime
@@ -37,6 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    telegram = sub.add_parser("telegram", help="Telegram bot operations")
+    tg_sub = telegram.add_subparsers(dest="telegram_command", required=True)
+    text = "register server.public_url + /webhooks/telegram with Telegram (setWebhook)"
+    cmd = tg_sub.add_parser("set-webhook", help=text, description=text)
+    cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     try:
@@ -48,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warning: {key}: {msg}", file=sys.stderr)
     if args.command == "check":
         return _check(settings, args.config)
+    if args.command == "telegram":
+        return asyncio.run(_telegram_set_webhook(settings, args.config))
     try:
         if args.command == "run":
             return _run(settings)
@@ -76,6 +84,26 @@ def _check(settings: Settings, path: str | None) -> int:
     print(f"  model: {s.model.provider}" + (f" ({s.model.name})" if s.model.name else ""))
     print(f"  channels: {', '.join(enabled) or 'none'}")
     print(f"  web chat: http://{s.server.host}:{s.server.port}/")
+    return 0
+
+
+async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:
+    from channels.telegram import set_webhook, webhook_problems  # PTB loads only when needed
+
+    section, public_url = settings.channels.telegram, settings.server.public_url
+    problems = webhook_problems(section, public_url)
+    if problems or public_url is None:
+        _print_problems(problems, path)
+        return EXIT_CONFIG
+    try:
+        url = await set_webhook(section, public_url)
+    except ChannelError as exc:
+        print(f"error: setWebhook failed: {exc}", file=sys.stderr)
+        return 1
+    updates = ", ".join(section.allowed_updates) or "Telegram's default"
+    print(f"webhook set: {url}")
+    print(f"  allowed_updates: {updates}")
+    print("  secret token: set (sent back as X-Telegram-Bot-Api-Secret-Token)")
     return 0
 
 

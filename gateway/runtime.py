@@ -8,6 +8,7 @@ import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from channels.base import ChannelAdapter
 from core.agent.builtin import SearchKnowledge, SendButtons
@@ -15,6 +16,14 @@ from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
 from core.agent.offline import OfflineModel
 from core.agent.openai import OpenAIClient, RetryPolicy
+from core.agent.session_tools import (
+    CurrentTime,
+    HandoffToHuman,
+    ReadResult,
+    SetContext,
+    SetState,
+    UpdatePlan,
+)
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
 from core.sessions import AgentProfile, SessionManager, SessionPolicy
@@ -72,7 +81,18 @@ class Runtime:
         a = settings.agent
         knowledge = KnowledgeBase.from_dir(a.knowledge_dir)
         model = model or build_model(settings)
-        tools = ToolRegistry([SearchKnowledge(knowledge), SendButtons()])
+        tools = ToolRegistry(
+            [
+                SearchKnowledge(knowledge),
+                SendButtons(),
+                UpdatePlan(),
+                SetState(),
+                SetContext(),
+                CurrentTime(a.timezone),
+                ReadResult(),
+                HandoffToHuman(),
+            ]
+        )
         lim = a.limits
         loop = AgentLoop(
             model,
@@ -99,6 +119,7 @@ class Runtime:
             ),
             output_rules={name: ch.output_rules for name, ch in channels.items()},
             greeting=a.greeting,
+            workspace_dir=Path(a.workspace_dir),
         )
         store = store or build_store(settings)
         manager = SessionManager(

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
+from zoneinfo import ZoneInfo
 
 from pydantic import (
     BaseModel,
@@ -20,6 +21,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -91,7 +93,18 @@ class AgentSettings(_Section):
     max_concurrent_runs: int = Field(default=8, ge=1, le=10_000)
     max_pending: int = Field(default=100, ge=1, le=10_000)
     greeting: str = "Hello! How can I help you today?"
+    timezone: str = "UTC"  # what current_time answers in, e.g. "Europe/Madrid"
+    workspace_dir: str = "data/workspace"  # one folder per session: kept tool results, files
     limits: LimitsSettings = LimitsSettings()
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown IANA timezone {value!r}") from None
+        return value
 
 
 class WebChannelSettings(_Section):

@@ -295,8 +295,11 @@ async def test_restart_answers_stored_unanswered_messages(
 
 
 async def test_overflow_gets_one_visible_notice_and_is_kept(make_rig: Callable[..., Any]) -> None:
-    rig: Rig = await make_rig(delay_s=0.2, max_pending=2)
-    results = [await rig.manager.submit(msg(f"m{i}")) for i in range(4)]
+    rig: Rig = await make_rig(delay_s=0.3, max_pending=2)
+    results = [await rig.manager.submit(msg(f"m{i}")) for i in range(2)]
+    while not rig.model.requests:  # the turn for m0 and m1 has started
+        await asyncio.sleep(0.01)
+    results += [await rig.manager.submit(msg(f"m{i}")) for i in range(2, 4)]
     assert [r.status for r in results] == [
         InboxStatus.PENDING,
         InboxStatus.PENDING,

@@ -14,7 +14,7 @@ from core.agent.loop import AgentEvent, AgentLoop, Limits, RunOutcome, TextDelta
 from core.agent.model import ChatMessage, ModelRequest
 from core.agent.offline import GREETING, NO_SEARCH, NOT_FOUND, OfflineModel
 from core.agent.sanitize import strip_reasoning, wrap_user_text
-from core.agent.tools import ToolContext, ToolRegistry
+from core.agent.tools import ResultTiers, ToolContext, ToolRegistry
 from core.knowledge import KnowledgeBase, Section, split_sections, tokenize
 
 CTX = ToolContext(session="s", run_id="r")
@@ -116,24 +116,32 @@ async def test_registry_unknown_tool_on_empty_registry() -> None:
     assert "none" in json.loads(result.content)["detail"]
 
 
-async def test_oversized_result_is_truncated_to_a_preview() -> None:
-    registry = ToolRegistry([Big()], max_result_chars=100)
-    full = json.dumps({"data": "x" * 500})
-
-    result = await registry.call("big", '{"size": 500}', CTX)
-
-    assert result.ok is True
-    data = json.loads(result.content)
-    assert data["truncated"] is True
-    assert data["size"] == len(full)
-    assert data["preview"] == full[:100]
-
-
-async def test_result_at_the_limit_is_not_truncated() -> None:
+async def test_result_at_the_inline_limit_is_inline() -> None:
     full = json.dumps({"data": "x" * 80})
-    registry = ToolRegistry([Big()], max_result_chars=len(full))
+    registry = ToolRegistry([Big()], tiers=ResultTiers(inline_chars=len(full)))
     result = await registry.call("big", '{"size": 80}', CTX)
     assert result.content == full
+
+
+async def test_large_result_becomes_a_data_card_and_is_kept(tmp_path: Path) -> None:
+    registry = ToolRegistry([Big()], tiers=ResultTiers(inline_chars=100, keep_chars=10_000))
+    ctx = ToolContext(session="s", run_id="abcdef12", workspace=tmp_path)
+    result = await registry.call("big", '{"size": 500}', ctx)
+    card = json.loads(result.content)
+    assert card["type"] == "object"
+    assert card["keys"] == ["data"]
+    assert card["size_chars"] == len(json.dumps({"data": "x" * 500}))
+    kept = tmp_path / "results" / f"{card['result_id']}.json"
+    assert json.loads(kept.read_text()) == {"data": "x" * 500}
+
+
+async def test_huge_result_is_cut_to_a_preview_and_kept(tmp_path: Path) -> None:
+    registry = ToolRegistry([Big()], tiers=ResultTiers(inline_chars=100, keep_chars=300))
+    ctx = ToolContext(session="s", run_id="abcdef12", workspace=tmp_path)
+    card = json.loads((await registry.call("big", '{"size": 5000}', ctx)).content)
+    assert card["truncated_to_chars"] == 300
+    kept = json.loads((tmp_path / "results" / f"{card['result_id']}.json").read_text())
+    assert kept == json.dumps({"data": "x" * 5000})[:300]
 
 
 # -- sanitize -----------------------------------------------------------------------------

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from core.agent.model import (
@@ -87,6 +89,7 @@ class Turn:
     user_texts: list[str]
     state: dict[str, Any] = field(default_factory=dict)
     steer: Steer | None = None  # returns messages that arrived mid-run (queue mode "steer")
+    workspace: Path | None = None  # the session's folder for kept results and files
 
 
 @dataclass(slots=True)
@@ -102,6 +105,8 @@ class RunOutcome:
     steered: int = 0
     error: str | None = None
     buttons: list[Button] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # the session state after the run
+    handoff: str | None = None  # the reason, when the agent handed over to a person
 
 
 class AgentLoop:
@@ -111,7 +116,7 @@ class AgentLoop:
         self._limits = limits
 
     async def run(self, turn: Turn, emit: EventSink) -> RunOutcome:
-        out = RunOutcome(text="")
+        out = RunOutcome(text="", state=copy.deepcopy(turn.state))
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._limits.run_timeout_s):
@@ -135,7 +140,9 @@ class AgentLoop:
         lim = self._limits
         messages: list[ChatMessage] = [ChatMessage("system", turn.system), *turn.history]
         messages.append(ChatMessage("user", "\n".join(wrap_user_text(t) for t in turn.user_texts)))
-        ctx = ToolContext(session=turn.session, run_id=turn.run_id, state=turn.state)
+        ctx = ToolContext(
+            session=turn.session, run_id=turn.run_id, state=out.state, workspace=turn.workspace
+        )
         tools = self._tools.specs()
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
@@ -208,6 +215,7 @@ class AgentLoop:
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or APOLOGY_EMPTY
         out.buttons = list(ctx.buttons)
+        out.handoff = ctx.handoff
         if not last_text:
             log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ValidationError
@@ -14,7 +15,7 @@ from core.agent.model import ToolSpec
 from core.errors import ToolError
 from core.models import Button
 
-__all__ = ["Tool", "ToolContext", "ToolRegistry", "ToolResult"]
+__all__ = ["ResultTiers", "Tool", "ToolContext", "ToolRegistry", "ToolResult", "describe"]
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,11 @@ class ToolContext:
 
     session: str
     run_id: str
-    state: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # plan / context / state slots
     buttons: list[Button] = field(default_factory=list)  # quick replies for the final answer
+    workspace: Path | None = None  # the session's own folder (kept tool results, skill files)
+    results: int = 0  # tool results kept in the workspace during this run
+    handoff: str | None = None  # set when the agent hands the conversation to a person
 
 
 class Tool(Protocol):
@@ -49,12 +53,32 @@ class ToolResult:
     error: str | None = None  # short code: unknown_tool, invalid_arguments, timeout, failed, ...
 
 
+@dataclass(frozen=True, slots=True)
+class ResultTiers:
+    """How big tool results reach the model: inline up to `inline_chars`; larger ones as a
+    compact data card while the whole result is kept in the session's workspace for
+    `read_result`; beyond `keep_chars` only a preview of that size is kept."""
+
+    inline_chars: int = 4000
+    keep_chars: int = 1_000_000
+
+
 class ToolRegistry:
-    def __init__(self, tools: list[Tool] | None = None, *, max_result_chars: int = 6000) -> None:
+    def __init__(
+        self, tools: list[Tool] | None = None, *, tiers: ResultTiers | None = None
+    ) -> None:
         self._tools: dict[str, Tool] = {}
-        self._max_result_chars = max_result_chars
+        self._tiers = tiers or ResultTiers()
         for tool in tools or []:
             self.add(tool)
+
+    def select(self, names: list[str] | None) -> ToolRegistry:
+        """A registry with only these tools (None: all), for an agent's own tool grant."""
+        chosen = ToolRegistry(tiers=self._tiers)
+        for name, tool in self._tools.items():
+            if names is None or name in names:
+                chosen.add(tool)
+        return chosen
 
     def add(self, tool: Tool) -> None:
         if tool.name in self._tools:
@@ -96,10 +120,47 @@ class ToolRegistry:
             log.exception("tool %s failed", name, extra={"session": ctx.session})
             return _error("failed", f"{name} failed unexpectedly.")
         text = json.dumps(result, ensure_ascii=False, default=str)
-        if len(text) > self._max_result_chars:
-            cut = text[: self._max_result_chars]
-            text = json.dumps({"truncated": True, "size": len(text), "preview": cut})
+        if len(text) > self._tiers.inline_chars:
+            text = self._card(result, text, ctx)
         return ToolResult(text, ok=True)
+
+    def _card(self, result: Any, text: str, ctx: ToolContext) -> str:
+        """A compact description of a big result; the result itself is kept for read_result."""
+        truncated = len(text) > self._tiers.keep_chars
+        kept: Any = text[: self._tiers.keep_chars] if truncated else result
+        card: dict[str, Any] = {"size_chars": len(text), **describe(kept)}
+        if ctx.workspace is not None:
+            ctx.results += 1
+            result_id = f"{ctx.run_id[:8]}-{ctx.results}"
+            folder = ctx.workspace / "results"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{result_id}.json").write_text(json.dumps(kept, default=str), "utf-8")
+            card["result_id"] = result_id
+            card["read_with"] = "read_result(result_id, offset, limit)"
+        if truncated:
+            card["truncated_to_chars"] = self._tiers.keep_chars
+        return json.dumps(card, ensure_ascii=False, default=str)
+
+
+def describe(value: Any) -> dict[str, Any]:
+    """Type, shape and a small sample of a JSON-like value."""
+    if isinstance(value, list):
+        card: dict[str, Any] = {"type": "list", "items": len(value), "sample": value[:2]}
+        if value and all(isinstance(v, dict) for v in value[:50]):
+            card["columns"] = sorted({k for v in value[:50] for k in v})[:30]
+        return _trim_sample(card)
+    if isinstance(value, dict):
+        sample = {k: value[k] for k in list(value)[:5]}
+        return _trim_sample({"type": "object", "keys": list(value)[:30], "sample": sample})
+    text = str(value)
+    return {"type": "text", "chars": len(text), "sample": text[:500]}
+
+
+def _trim_sample(card: dict[str, Any]) -> dict[str, Any]:
+    sample = json.dumps(card["sample"], ensure_ascii=False, default=str)
+    if len(sample) > 800:
+        card["sample"] = sample[:800] + " …"
+    return card
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

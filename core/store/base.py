@@ -24,6 +24,7 @@ class InboxStatus(StrEnum):
     PENDING = "pending"  # stored, waiting for (or inside) a turn
     DONE = "done"  # answered by a committed turn
     OVERFLOW = "overflow"  # kept, but over the session's queue cap: the user was told
+    HELD = "held"  # kept for a human operator while the bot is paused in this session
     DUPLICATE = "duplicate"  # a redelivery of something already stored (never stored twice)
 
 
@@ -107,6 +108,13 @@ class Store(Protocol):
         """The inbound messages a committed run answered, oldest first (e.g. to reply to the
         triggering message in a group)."""
 
+    async def hold_pending(self, session: str) -> int:
+        """Park the session's pending messages (the bot is paused for a human); returns how
+        many. Held messages are kept and shown in transcripts, but start no run."""
+
+    async def release_held(self, session: str) -> int:
+        """Give held messages back to the bot (the operator handed the session back)."""
+
     async def sessions_with_work(self) -> list[str]:
         """Sessions with pending inbox messages or undelivered outbox parts that no live runner
         holds (no lease, or an expired one): the work a replica should pick up."""
@@ -132,10 +140,11 @@ class Store(Protocol):
         run: RunRecord,
         user_text: str,
         replies: list[Reply],
+        state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
         """In one transaction: mark the run's inbox messages answered, append history, store
-        the reply parts in the outbox and record the run. Raises StoreError if `owner` no
-        longer holds the session's lease (then nothing is written)."""
+        the reply parts in the outbox, record the run and (when given) the new session state.
+        Raises StoreError if `owner` no longer holds the session's lease (nothing is written)."""
 
     async def record_run(self, run: RunRecord) -> None:
         """Record a run that produced no committed reply (cancelled, failed)."""

@@ -205,6 +205,23 @@ class PostgresStore:
             rows = await c.fetch("SELECT payload FROM inbox WHERE run_id = $1 ORDER BY id", run_id)
         return [InboundMessage.model_validate_json(r[0]) for r in rows]
 
+    async def hold_pending(self, session: str) -> int:
+        return await self._set_status(session, "pending", "held")
+
+    async def release_held(self, session: str) -> int:
+        changed = await self._set_status(session, "held", "pending")
+        if changed:
+            async with self._conn() as c:
+                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
+        return changed
+
+    async def _set_status(self, session: str, old: str, new: str) -> int:
+        async with self._conn() as c:
+            result = await c.execute(
+                "UPDATE inbox SET status = $1 WHERE session = $2 AND status = $3", new, session, old
+            )
+        return int(result.rsplit(" ", 1)[-1])
+
     async def sessions_with_work(self) -> list[str]:
         async with self._conn() as c:
             rows = await c.fetch(
@@ -295,7 +312,12 @@ class PostgresStore:
     # turns and outbox
 
     async def complete_turn(
-        self, owner: str, run: RunRecord, user_text: str, replies: list[Reply]
+        self,
+        owner: str,
+        run: RunRecord,
+        user_text: str,
+        replies: list[Reply],
+        state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
         async with self._conn(tx=True) as c:
             row = await c.fetchrow(
@@ -304,6 +326,10 @@ class PostgresStore:
             if row is None or row[0] != owner:
                 raise StoreError(f"lease on {run.session} is no longer held")
             epoch, now = row[1], time.time()
+            if state is not None:
+                await c.execute(
+                    "UPDATE sessions SET state = $1 WHERE key = $2", json.dumps(state), run.session
+                )
             await c.execute(
                 "UPDATE inbox SET status = 'done', run_id = $1 WHERE id = ANY($2::bigint[])"
                 " AND status = 'pending'",

@@ -213,6 +213,22 @@ class SqliteStore:
         )
         return [InboundMessage.model_validate_json(r[0]) for r in rows]
 
+    async def hold_pending(self, session: str) -> int:
+        return await self._set_status(session, "pending", "held")
+
+    async def release_held(self, session: str) -> int:
+        return await self._set_status(session, "held", "pending")
+
+    async def _set_status(self, session: str, old: str, new: str) -> int:
+        async def op(c: aiosqlite.Connection) -> int:
+            cur = await c.execute(
+                "UPDATE inbox SET status = ? WHERE session = ? AND status = ?", (new, session, old)
+            )
+            return cur.rowcount
+
+        changed: int = await self._write(op)
+        return changed
+
     async def sessions_with_work(self) -> list[str]:
         rows = await self._read(
             lambda c: _fetchall(
@@ -314,7 +330,12 @@ class SqliteStore:
     # turns and outbox
 
     async def complete_turn(
-        self, owner: str, run: RunRecord, user_text: str, replies: list[Reply]
+        self,
+        owner: str,
+        run: RunRecord,
+        user_text: str,
+        replies: list[Reply],
+        state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
         async def op(c: aiosqlite.Connection) -> list[OutboundPart]:
             row = await _fetchone(
@@ -323,6 +344,10 @@ class SqliteStore:
             if row is None or row[0] != owner:
                 raise _LeaseLost(run.session)
             epoch, now = row[1], time.time()
+            if state is not None:
+                await c.execute(
+                    "UPDATE sessions SET state = ? WHERE key = ?", (json.dumps(state), run.session)
+                )
             marks = ",".join("?" * len(run.inbox_ids))
             await c.execute(
                 f"UPDATE inbox SET status = 'done', run_id = ? WHERE id IN ({marks})"

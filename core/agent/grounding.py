@@ -1,0 +1,341 @@
+"""Grounding check: money amounts in an answer that no tool returned in the run get flagged.
+
+Amounts are found only with a currency, before or after the number: a symbol (`$`, `€`, `US$`,
+`R$`, `S/`…), an upper-case ISO code (`USD`, `COP`…) or a word (`dollars`, `pesos`,
+`euros`, `pesos colombianos`…). The currency is normalized to its ISO code when the marker names
+one; `$`, `¥`, `dollars` and `pesos` alone are shared by several currencies and give None.
+
+How a number is read (the same rules on both sides, deterministic):
+- both `.` and `,` present: the last one is the decimal mark, the other groups thousands
+  (`1,250.50`, `1.250,50`);
+- one mark repeated: thousands (`1.400.000`, `1,400,000`);
+- one mark once, followed by exactly three digits and not after a lone `0`: thousands
+  (`1,250` and `1.250` are 1250; `0.250` is 0.25);
+- otherwise the mark is decimal (`12,50`, `9.99`, `1,4`);
+- thousands groups must be well formed (1-3 leading digits, then groups of 3), so versions and
+  dates such as `1.2.3` or `12.05.2024` are not numbers.
+A scale may follow: `k`, `m`/`M`/`MM`/`mn`, `bn`/`B`, `thousand`, `mil` (1,000), `million`,
+`millón`/`millones`, `mil millones`/`millardo`/`billion` (10^9), `billón`/`billones` (10^12).
+Numbers glued to `:`, `/`, `%` or letters (times, dates, percentages, codes) are not amounts;
+signs are ignored: amounts and tool numbers are compared as magnitudes.
+
+Tool side: every JSON number in a tool result, and every number inside its strings (no currency
+needed; `1,250` there counts as both 1250 and 1.25, and a malformed token as its digit runs). A
+JSON key naming a unit (`..._thousands`, `..._millions`, `..._millones`) also counts its numbers
+at that scale. A result that is not JSON is read as text.
+
+An amount matches a tool number when they are equal up to rounding, nothing looser (no
+percentage tolerance): the difference may be half a unit of the last digit the answer shows,
+and at least half a cent (`$1,250.00` matches 1250.004; `$30` matches 29.5..30.5;
+`1,4 millones` matches 1,350,000..1,450,000). For scaled amounts the unit is at most a tenth of
+the scale (`$1 million` matches 950,000..1,050,000), and the number before the scale also
+matches a tool number on its own (`1,4 millones` matches a tool's 1.4 given in millions).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_left
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+__all__ = ["Amount", "GroundingReport", "check", "extract_amounts", "tool_numbers", "warning_text"]
+
+_SYMBOLS: dict[str, str | None] = {
+    "$": None, "¥": None, "C$": None, "US$": "USD", "U$S": "USD", "CA$": "CAD", "AU$": "AUD",
+    "A$": "AUD", "NZ$": "NZD", "MX$": "MXN", "COL$": "COP", "HK$": "HKD", "R$": "BRL",
+    "S/": "PEN", "S/.": "PEN", "€": "EUR", "£": "GBP", "₹": "INR", "₩": "KRW", "₽": "RUB",
+    "₺": "TRY", "₪": "ILS", "₱": "PHP", "฿": "THB", "₡": "CRC", "₲": "PYG", "₴": "UAH",
+    "₦": "NGN",
+}  # fmt: skip
+# Common ISO 4217 codes; codes that are also English words (ALL, TOP, CUP) are left out.
+_CODES = frozenset(
+    "USD EUR GBP JPY CNY CHF CAD AUD NZD HKD SGD SEK NOK DKK PLN CZK HUF RUB TRY INR KRW BRL MXN"
+    " ARS CLP COP PEN UYU PYG BOB VES CRC GTQ HNL NIO PAB DOP ZAR ILS AED SAR EGP NGN KES PHP"
+    " THB IDR MYR VND UAH".split()
+)
+_WORDS: dict[str, str | None] = {
+    "dollar": None, "dollars": None, "us dollars": "USD", "us dollar": "USD",
+    "canadian dollars": "CAD", "australian dollars": "AUD",
+    "dólar": None, "dólares": None, "dolar": None, "dolares": None,
+    "dólares estadounidenses": "USD", "dolares estadounidenses": "USD",
+    "dólares americanos": "USD", "dolares americanos": "USD",
+    "dólares canadienses": "CAD", "dolares canadienses": "CAD",
+    "euro": "EUR", "euros": "EUR", "peso": None, "pesos": None,
+    "pesos colombianos": "COP", "pesos mexicanos": "MXN", "pesos argentinos": "ARS",
+    "pesos chilenos": "CLP", "pesos uruguayos": "UYU", "pesos dominicanos": "DOP",
+    "sol": "PEN", "soles": "PEN", "reales": "BRL", "reais": "BRL",
+    "libras esterlinas": "GBP", "pounds sterling": "GBP", "yen": "JPY", "yenes": "JPY",
+    "yuan": "CNY", "yuanes": "CNY", "rupees": "INR", "rupias": "INR", "quetzales": "GTQ",
+    "colones": "CRC", "lempiras": "HNL", "bolívares": "VES", "bolivares": "VES",
+    "guaraníes": "PYG", "guaranies": "PYG",
+}  # fmt: skip
+_SCALES: dict[str, int] = {
+    "k": 10**3, "thousand": 10**3, "thousands": 10**3, "mil": 10**3,
+    "m": 10**6, "mm": 10**6, "mn": 10**6, "million": 10**6, "millions": 10**6,
+    "millón": 10**6, "millon": 10**6, "millones": 10**6,
+    "b": 10**9, "bn": 10**9, "billion": 10**9, "billions": 10**9, "mil millones": 10**9,
+    "millardo": 10**9, "millardos": 10**9,
+    "billón": 10**12, "billon": 10**12, "billones": 10**12,
+}  # fmt: skip
+_KEY_SCALE = (("thousand", 10**3), ("million", 10**6), ("millon", 10**6), ("billion", 10**9))
+
+_SP = r"[ \t\u00a0\u202f]"
+_NOT_LETTER = r"(?![^\W\d_])"
+
+
+def _alternation(words: list[str]) -> str:
+    """Longest first, so `pesos colombianos` wins over `pesos`; inner spaces match any spacing."""
+    ordered = sorted(words, key=len, reverse=True)
+    return "|".join(rf"{_SP}+".join(map(re.escape, w.split())) for w in ordered)
+
+
+_SYMBOL = (
+    r"(?<![A-Za-z0-9])(?:"
+    + _alternation([s for s in _SYMBOLS if len(s) > 1])
+    + r")|["
+    + "".join(re.escape(s) for s in _SYMBOLS if len(s) == 1)
+    + "]"
+)
+_CODE = r"(?:" + "|".join(sorted(_CODES)) + r")(?![A-Za-z])"
+_WORD = r"(?i:" + _alternation(list(_WORDS)) + r")" + _NOT_LETTER
+_PREFIX = rf"{_SYMBOL}|(?<![A-Za-z0-9]){_CODE}"
+_SUFFIX = rf"{_SYMBOL}|{_CODE}|(?i:de{_SP}+)?{_WORD}"
+_SCALE = (
+    rf"(?:{_SP}?(?:k|K|mm|MM|mn|m|M|bn|B)|{_SP}+(?i:"
+    + _alternation([w for w in _SCALES if len(w) > 2])
+    + rf")){_NOT_LETTER}"
+)
+_NUMBER = rf"\d+(?:[.,]\d+)*(?![.,:/]?\d)(?!{_SP}?%)"
+_FREE_NUMBER = rf"(?<![\w.,:/])(?<!\d-){_NUMBER}"
+
+_AMOUNT = re.compile(
+    rf"(?P<pre>{_PREFIX}){_SP}{{0,2}}[-−+]?(?P<n1>{_NUMBER})(?P<s1>{_SCALE})?"
+    rf"(?:{_SP}{{0,2}}(?P<p1>{_SUFFIX}))?"
+    rf"|(?P<n2>{_FREE_NUMBER})(?P<s2>{_SCALE})?{_SP}{{0,2}}(?P<p2>{_SUFFIX})"
+)
+_TOOL_NUMBER = re.compile(rf"\d+(?:[.,]\d+)*(?P<s>{_SCALE})?")
+
+_HALF_CENT = Decimal("0.005")
+
+
+@dataclass(frozen=True, slots=True)
+class Amount:
+    """A money amount found in text; `quantum` is the value of its last shown digit."""
+
+    value: Decimal
+    currency: str | None  # ISO code when the marker names one
+    text: str
+    span: tuple[int, int]
+    quantum: Decimal
+    scale: int = 1  # 10**6 for "1,4 millones": value = mantissa * scale
+
+    def as_dict(self) -> dict[str, str | None]:
+        """JSON-able form for the run record."""
+        return {"text": self.text, "value": str(self.value), "currency": self.currency}
+
+
+@dataclass(frozen=True, slots=True)
+class GroundingReport:
+    amounts: tuple[Amount, ...]
+    unmatched: tuple[Amount, ...]
+    language: str  # "en" or "es", guessed from the answer for the warning
+
+    @property
+    def ok(self) -> bool:
+        return not self.unmatched
+
+
+def _groups_ok(groups: list[str]) -> bool:
+    head = groups[0]
+    return (
+        1 <= len(head) <= 3
+        and not (head.startswith("0") and len(groups) > 1)
+        and all(len(g) == 3 for g in groups[1:])
+    )
+
+
+def _readings(token: str) -> list[tuple[Decimal, int]]:
+    """(value, decimals shown) for a digit token; the first is the reading used for answers,
+    a second one exists only for the ambiguous `1,250` shape; none when malformed."""
+    marks = [c for c in token if c in ".,"]
+    if not marks:
+        return [(Decimal(token), 0)]
+    if len(set(marks)) == 2:
+        dec = marks[-1]
+        if marks.count(dec) > 1:
+            return []
+        whole, frac = token.rsplit(dec, 1)
+        groups = whole.split("," if dec == "." else ".")
+        return [(Decimal(f"{''.join(groups)}.{frac}"), len(frac))] if _groups_ok(groups) else []
+    groups = token.split(marks[0])
+    if len(groups) > 2:
+        return [(Decimal("".join(groups)), 0)] if _groups_ok(groups) else []
+    head, tail = groups
+    decimal = (Decimal(f"{head}.{tail}"), len(tail))
+    if len(tail) == 3 and _groups_ok(groups):
+        return [(Decimal(head + tail), 0), decimal]
+    return [decimal]
+
+
+def _scale_of(text: str | None) -> int:
+    if not text:
+        return 1
+    return _SCALES[" ".join(text.split()).lower()]
+
+
+def _currency(marker: str | None) -> str | None:
+    if marker is None:
+        return None
+    key = " ".join(marker.split())
+    if key.upper() in _CODES and key.isupper():
+        return key
+    if key in _SYMBOLS:
+        return _SYMBOLS[key]
+    return _WORDS[key.lower().removeprefix("de ")]
+
+
+def extract_amounts(text: str) -> list[Amount]:
+    """Every money amount written with a currency in `text`, in order."""
+    found: list[Amount] = []
+    for m in _AMOUNT.finditer(text):
+        pre = m["pre"]
+        number, scale_text, post = (
+            (m["n1"], m["s1"], m["p1"]) if pre else (m["n2"], m["s2"], m["p2"])
+        )
+        readings = _readings(number)
+        if not readings:
+            continue
+        mantissa, decimals = readings[0]
+        scale = _scale_of(scale_text)
+        quantum = Decimal(1).scaleb(-decimals) * scale
+        if scale > 1:
+            quantum = min(quantum, Decimal(scale) / 10)
+        value = mantissa * scale
+        if scale > 1:  # "1,4 millones" is 1400000, not 1400000.0
+            value = Decimal(format(value.normalize(), "f"))
+        found.append(
+            Amount(
+                value=value,
+                currency=_currency(pre) or _currency(post),
+                text=m[0],
+                span=m.span(),
+                quantum=quantum,
+                scale=scale,
+            )
+        )
+    return found
+
+
+def _text_numbers(text: str) -> Iterator[Decimal]:
+    for m in _TOOL_NUMBER.finditer(text):
+        token = m[0][: m.start("s") - m.start()] if m["s"] else m[0]
+        readings = _readings(token) or [(Decimal(run), 0) for run in re.findall(r"\d+", token)]
+        scale = _scale_of(m["s"])
+        for value, _ in readings:
+            yield value
+            if scale > 1:
+                yield value * scale
+
+
+def _key_scale(key: str) -> int:
+    lowered = key.lower()
+    return next((scale for word, scale in _KEY_SCALE if word in lowered), 1)
+
+
+def _walk(node: Any, scale: int) -> Iterator[Decimal]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, max(scale, _key_scale(str(key))))
+    elif isinstance(node, list):
+        for item in node:
+            yield from _walk(item, scale)
+    elif isinstance(node, str):
+        yield from _text_numbers(node)
+    elif isinstance(node, Decimal) and node.is_finite():
+        yield abs(node)
+        if scale > 1:
+            yield abs(node) * scale
+
+
+def tool_numbers(tool_results: list[str]) -> list[Decimal]:
+    """All numbers the tool results of a run contained, sorted, as magnitudes."""
+    numbers: set[Decimal] = set()
+    for content in tool_results:
+        try:
+            data = json.loads(content, parse_float=Decimal, parse_int=Decimal,
+                              parse_constant=lambda _: None)  # fmt: skip
+        except (ValueError, InvalidOperation):
+            data = content
+        numbers.update(_walk(data, 1))
+    return sorted(numbers)
+
+
+def _near(numbers: list[Decimal], target: Decimal, tolerance: Decimal) -> bool:
+    i = bisect_left(numbers, target - tolerance)
+    return i < len(numbers) and numbers[i] <= target + tolerance
+
+
+def _grounded(amount: Amount, numbers: list[Decimal]) -> bool:
+    if _near(numbers, amount.value, max(amount.quantum / 2, _HALF_CENT)):
+        return True
+    if amount.scale == 1:
+        return False
+    return _near(numbers, amount.value / amount.scale, max(amount.quantum / amount.scale / 2,
+                                                           _HALF_CENT))  # fmt: skip
+
+
+_ES_HINTS = frozenset("el la los las de del que por para con una un es está son su tu usted y "
+                      "pesos millones mil precio cuesta hola gracias puedes tienes".split())  # fmt: skip
+_EN_HINTS = frozenset("the an of to is are your you for with this that it and price "
+                      "costs hello thanks can have".split())  # fmt: skip
+
+
+def _language(text: str) -> str:
+    words = re.findall(r"[^\W\d_]+", text.lower())
+    es = sum(w in _ES_HINTS for w in words) + 2 * len(re.findall(r"[¿¡ñáéíóú]", text.lower()))
+    en = sum(w in _EN_HINTS for w in words)
+    return "es" if es > en else "en"
+
+
+def check(answer: str, tool_results: list[str]) -> GroundingReport:
+    """Which money amounts in `answer` no tool result of the run contained."""
+    amounts = tuple(extract_amounts(answer))
+    numbers = tool_numbers(tool_results) if amounts else []
+    unmatched = tuple(a for a in amounts if not _grounded(a, numbers))
+    return GroundingReport(amounts, unmatched, _language(answer))
+
+
+_MAX_LISTED = 5
+_MESSAGES = {
+    "en": (
+        "Please confirm this amount before relying on it: {}.",
+        "Please confirm these amounts before relying on them: {}.",
+        " and ",
+        "{} more",
+    ),
+    "es": (
+        "Por favor, confirma este monto antes de usarlo: {}.",
+        "Por favor, confirma estos montos antes de usarlos: {}.",
+        " y ",
+        "{} más",
+    ),
+}
+
+
+def warning_text(report: GroundingReport, language_hint: str | None = None) -> str:
+    """A short warning listing the unmatched amounts ("" when there are none); `language_hint`
+    is a tag such as "es" or "es-CO", else the answer's own language is used."""
+    texts = list(dict.fromkeys(a.text for a in report.unmatched))
+    if not texts:
+        return ""
+    lang = (language_hint or report.language).split("-")[0].lower()
+    one, many, conj, more = _MESSAGES.get(lang, _MESSAGES["en"])
+    shown = texts[:_MAX_LISTED]
+    if len(texts) > _MAX_LISTED:
+        shown.append(more.format(len(texts) - _MAX_LISTED))
+    listed = shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + conj + shown[-1]
+    return (one if len(texts) == 1 else many).format(listed)
