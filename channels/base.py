@@ -34,6 +34,7 @@ __all__ = [
 
 Submit = Callable[[InboundMessage], Awaitable[PutResult]]
 Notify = Callable[[SessionKey, str], Awaitable[None]]
+KeyFor = Callable[[str, str, str, str | None], SessionKey]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
@@ -74,12 +75,13 @@ class ChannelContext:
     files_dir: Path
     max_media_bytes: int = 20 * 1024 * 1024
     public_url: str | None = None
-    agent: str = "default"
     _submit: Submit | None = field(default=None, repr=False)
     _notify: Notify | None = field(default=None, repr=False)
+    _key_for: KeyFor | None = field(default=None, repr=False)
 
-    def bind(self, submit: Submit, notify: Notify) -> None:
-        self._submit, self._notify = submit, notify
+    def bind(self, submit: Submit, notify: Notify, key_for: KeyFor) -> None:
+        """Connect to the session manager (it is built after the adapters)."""
+        self._submit, self._notify, self._key_for = submit, notify, key_for
 
     async def submit(self, msg: InboundMessage) -> PutResult:
         """Store the message durably (deduped) and wake its session; returns once stored."""
@@ -94,7 +96,10 @@ class ChannelContext:
         await self._notify(key, text)
 
     def session_key(self, msg: InboundMessage) -> SessionKey:
-        return SessionKey.for_message(self.agent, msg)
+        """The session this message belongs to (bindings decide the agent)."""
+        if self._key_for is None:
+            raise RuntimeError("channel context used before the session manager was bound")
+        return self._key_for(msg.channel, msg.account, msg.conversation, msg.thread)
 
     def save_file(self, key: SessionKey, name: str, data: bytes) -> Path:
         """Keep a received file in the session's own folder; returns its path."""

@@ -26,6 +26,7 @@ from core.agent.prompt import describe_inbound, history_messages, system_prompt
 from core.errors import StoreError, SwitchboardError
 from core.models import InboundMessage, MessageKind, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
+from core.routing import Router
 from core.store.base import InboxItem, InboxStatus, PutResult, RunRecord, Store
 
 __all__ = [
@@ -106,9 +107,11 @@ class SessionManager:
         max_concurrent_runs: int = 8,
         owner: str | None = None,
         delivery: DeliveryPolicy | None = None,
+        router: Router | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
+        self.router = router or Router()
         self.outlets = outlets
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy())
@@ -169,9 +172,17 @@ class SessionManager:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
-    async def submit(self, msg: InboundMessage, agent: str = "default") -> PutResult:
+    def session_key(
+        self, channel: str, account: str, conversation: str, thread: str | None = None
+    ) -> SessionKey:
+        """The key policy in one place: bindings choose the agent, the rest is the address."""
+        agent = self.router.agent_for(channel, account, conversation)
+        return SessionKey(agent, channel, account, conversation, thread)
+
+    async def submit(self, msg: InboundMessage) -> PutResult:
         """Store the message durably, then wake its session. Returns once it is stored."""
-        key = SessionKey.for_message(agent, msg)
+        key = self.session_key(msg.channel, msg.account, msg.conversation, msg.thread)
+        agent = key.agent
         profile = self.agents.get(agent)
         max_pending = profile.policy.max_pending if profile else 100
         result = await self.store.put_inbound(str(key), msg, max_pending)

@@ -47,7 +47,7 @@ def build_app(
         channels[chat.name] = chat
         webchat.add_routes(app)
     runtime = Runtime.build(settings, channels, store=store, model=model)
-    ctx.bind(runtime.manager.submit, runtime.manager.notify)
+    ctx.bind(runtime.manager.submit, runtime.manager.notify, runtime.manager.session_key)
     app[RUNTIME] = runtime
     background: list[Lifecycle] = [a for a in channels.values() if isinstance(a, Lifecycle)]
     app[METRICS] = _metrics(runtime)

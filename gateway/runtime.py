@@ -11,29 +11,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from channels.base import ChannelAdapter
-from core.agent.builtin import SearchKnowledge, SendButtons
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
 from core.agent.offline import OfflineModel
 from core.agent.openai import OpenAIClient, RetryPolicy
-from core.agent.session_tools import (
-    CurrentTime,
-    HandoffToHuman,
-    ReadResult,
-    SetContext,
-    SetState,
-    UpdatePlan,
-)
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
+from core.routing import Binding, Router
 from core.sessions import AgentProfile, SessionManager, SessionPolicy
 from core.store import SqliteStore, Store
+from gateway.agents_config import AgentSettings, ModelEndpoint
 from gateway.settings import Settings
+from gateway.tools import agent_tools
 
 __all__ = ["Runtime", "build_model", "build_store"]
 
 log = logging.getLogger(__name__)
-DEFAULT_AGENT = "default"
 
 
 def build_store(settings: Settings) -> Store:
@@ -45,8 +38,7 @@ def build_store(settings: Settings) -> Store:
     return SqliteStore(settings.sqlite_path())
 
 
-def build_model(settings: Settings) -> ModelClient:
-    m = settings.model
+def build_model(m: ModelEndpoint) -> ModelClient:
     if m.provider == "offline":
         return OfflineModel(delay_s=0.02)
     return OpenAIClient(
@@ -65,9 +57,9 @@ class Runtime:
 
     settings: Settings
     store: Store
-    model: ModelClient
+    models: list[ModelClient]
     manager: SessionManager
-    knowledge: KnowledgeBase
+    agents: dict[str, AgentProfile]
 
     @classmethod
     def build(
@@ -78,70 +70,81 @@ class Runtime:
         store: Store | None = None,
         model: ModelClient | None = None,
     ) -> Runtime:
-        a = settings.agent
-        knowledge = KnowledgeBase.from_dir(a.knowledge_dir)
-        model = model or build_model(settings)
-        tools = ToolRegistry(
-            [
-                SearchKnowledge(knowledge),
-                SendButtons(),
-                UpdatePlan(),
-                SetState(),
-                SetContext(),
-                CurrentTime(a.timezone),
-                ReadResult(),
-                HandoffToHuman(),
-            ]
-        )
-        lim = a.limits
-        loop = AgentLoop(
-            model,
-            tools,
-            Limits(
-                max_steps=lim.max_steps,
-                max_tool_calls=lim.max_tool_calls,
-                max_output_tokens=lim.max_output_tokens,
-                token_budget=lim.token_budget,
-                run_timeout_s=lim.run_timeout_s,
-                temperature=lim.temperature,
-            ),
-        )
-        profile = AgentProfile(
-            name=DEFAULT_AGENT,
-            instructions=a.instructions,
-            loop=loop,
-            policy=SessionPolicy(
-                queue_mode=a.queue_mode,
-                debounce_s=a.debounce_ms / 1000,
-                max_pending=a.max_pending,
-                history_turns=a.history_turns,
-                lease_ttl_s=settings.store.lease_ttl_s,
-            ),
-            output_rules={name: ch.output_rules for name, ch in channels.items()},
-            greeting=a.greeting,
-            workspace_dir=Path(a.workspace_dir),
-        )
+        """`model` replaces every agent's configured model (tests, benchmarks)."""
+        rules = {name: ch.output_rules for name, ch in channels.items()}
+        knowledge: dict[str, KnowledgeBase] = {}
+        models: list[ModelClient] = [model] if model else []
+        profiles: dict[str, AgentProfile] = {}
+        for name, agent in settings.resolved_agents().items():
+            if agent.draft:
+                log.info("agent %s is a draft: not served", name)
+                continue
+            a = agent.settings
+            kb = knowledge.get(a.knowledge_dir)
+            if kb is None:
+                kb = knowledge[a.knowledge_dir] = KnowledgeBase.from_dir(a.knowledge_dir)
+            client = model
+            if client is None:
+                client = build_model(agent.model)
+                models.append(client)
+            profiles[name] = _profile(name, a, client, agent_tools(a, kb), rules, settings)
         store = store or build_store(settings)
+        router = Router([Binding(**b.model_dump()) for b in settings.bindings])
         manager = SessionManager(
             store,
-            {DEFAULT_AGENT: profile},
+            profiles,
             channels,
-            max_concurrent_runs=a.max_concurrent_runs,
+            max_concurrent_runs=settings.agent.max_concurrent_runs,
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            router=router,
         )
-        return cls(settings, store, model, manager, knowledge)
+        return cls(settings, store, models, manager, profiles)
 
     async def start(self) -> None:
         await self.store.start()
         await self.manager.start(sweep_interval_s=self.settings.store.poll_interval_s)
         log.info(
-            "runtime started: store=%s model=%s knowledge=%d sections",
-            self.settings.store.url,
-            self.settings.model.provider,
-            len(self.knowledge.sections),
+            "runtime started: store=%s agents=%s",
+            self.settings.store.url.split("@")[-1],
+            ",".join(self.agents),
         )
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         await self.manager.aclose(grace_s)
-        await self.model.aclose()
+        for model in self.models:
+            await model.aclose()
         await self.store.aclose()
+
+
+def _profile(
+    name: str,
+    a: AgentSettings,
+    model: ModelClient,
+    tools: ToolRegistry,
+    rules: dict[str, str],
+    settings: Settings,
+) -> AgentProfile:
+    lim = a.limits
+    limits = Limits(
+        max_steps=lim.max_steps,
+        max_tool_calls=lim.max_tool_calls,
+        max_output_tokens=lim.max_output_tokens,
+        token_budget=lim.token_budget,
+        run_timeout_s=lim.run_timeout_s,
+        temperature=lim.temperature,
+    )
+    return AgentProfile(
+        name=name,
+        instructions=a.instructions,
+        loop=AgentLoop(model, tools, limits),
+        policy=SessionPolicy(
+            queue_mode=a.queue_mode,
+            debounce_s=a.debounce_ms / 1000,
+            max_pending=a.max_pending,
+            history_turns=a.history_turns,
+            lease_ttl_s=settings.store.lease_ttl_s,
+        ),
+        output_rules=rules,
+        greeting=a.greeting,
+        workspace_dir=Path(a.workspace_dir),
+    )

@@ -12,16 +12,13 @@ import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
-from zoneinfo import ZoneInfo
+from typing import Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SecretStr,
     ValidationError,
-    field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -30,7 +27,16 @@ from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ConfigError
-from core.sessions import QueueMode
+from gateway.agents_config import (
+    DEFAULT_AGENT,
+    AgentOverride,
+    AgentSettings,
+    BindingSettings,
+    ModelEndpoint,
+    ModelSettings,
+    ResolvedAgent,
+)
+from gateway.tools import BUILTIN_TOOLS
 
 __all__ = ["DEFAULT_CONFIG", "EXAMPLE_CONFIG", "Settings", "load_settings", "settings_warnings"]
 
@@ -38,12 +44,7 @@ DEFAULT_CONFIG = Path("config/switchboard.toml")
 EXAMPLE_CONFIG = Path("config/switchboard.example.toml")
 ENV_PREFIX = "SWITCHBOARD__"
 PLATFORM_CHANNELS = ("telegram", "slack", "whatsapp")
-
-DEFAULT_INSTRUCTIONS = (
-    "You are a helpful, concise assistant for a business. Answer from the knowledge base using "
-    "the search_knowledge tool; if it has no answer, say so plainly and do not invent facts, "
-    "prices or times."
-)
+CHANNEL_NAMES = ("web", "console", *PLATFORM_CHANNELS)
 
 
 class _Section(BaseModel):
@@ -63,48 +64,6 @@ class StoreSettings(_Section):
     lease_ttl_s: float = Field(default=15.0, ge=0.5, le=600)  # a dead replica's sessions wait this
     poll_interval_s: float = Field(default=5.0, ge=0.05, le=600)  # sweep for work nobody holds
     pool_size: int = Field(default=10, ge=1, le=200)  # PostgreSQL connections per replica
-
-
-class ModelSettings(_Section):
-    provider: Literal["offline", "openai", "anthropic"] = "offline"
-    base_url: str | None = None
-    api_key: SecretStr | None = None
-    name: str | None = None
-    timeout_s: float = Field(default=60.0, gt=0, le=600)
-    stream: bool = True
-    max_retries: int = Field(default=3, ge=0, le=10)
-
-
-class LimitsSettings(_Section):
-    max_steps: int = Field(default=5, ge=1, le=50)
-    max_tool_calls: int = Field(default=6, ge=0, le=100)
-    max_output_tokens: int = Field(default=350, ge=16, le=32_000)
-    token_budget: int = Field(default=7000, ge=256, le=2_000_000)
-    run_timeout_s: float = Field(default=45.0, gt=0, le=3600)
-    temperature: float = Field(default=0.2, ge=0, le=2)
-
-
-class AgentSettings(_Section):
-    instructions: str = DEFAULT_INSTRUCTIONS
-    knowledge_dir: str = "config/knowledge"
-    queue_mode: QueueMode = QueueMode.COLLECT
-    history_turns: int = Field(default=10, ge=0, le=200)
-    debounce_ms: int = Field(default=0, ge=0, le=60_000)
-    max_concurrent_runs: int = Field(default=8, ge=1, le=10_000)
-    max_pending: int = Field(default=100, ge=1, le=10_000)
-    greeting: str = "Hello! How can I help you today?"
-    timezone: str = "UTC"  # what current_time answers in, e.g. "Europe/Madrid"
-    workspace_dir: str = "data/workspace"  # one folder per session: kept tool results, files
-    limits: LimitsSettings = LimitsSettings()
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (KeyError, ValueError):
-            raise ValueError(f"unknown IANA timezone {value!r}") from None
-        return value
 
 
 class WebChannelSettings(_Section):
@@ -166,7 +125,17 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     model: ModelSettings = ModelSettings()
     agent: AgentSettings = AgentSettings()
+    agents: dict[str, AgentOverride] = Field(default_factory=dict)
+    bindings: list[BindingSettings] = Field(default_factory=list)
     channels: ChannelsSettings = ChannelsSettings()
+
+    def resolved_agents(self) -> dict[str, ResolvedAgent]:
+        """Every agent with its effective settings: [agent] is "default"; each [agents.NAME]
+        takes what it does not set from [agent] and [model]."""
+        out = {DEFAULT_AGENT: ResolvedAgent(DEFAULT_AGENT, self.agent, self.model)}
+        for name, override in self.agents.items():
+            out[name] = override.resolve(name, self.agent, self.model)
+        return out
 
     @classmethod
     def settings_customise_sources(
@@ -274,22 +243,56 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
         p.append(("store.url", 'a SQLite URL looks like "sqlite:///data/switchboard.db"'))
     elif s.store.url.startswith("postgres") and not _has_asyncpg():
         p.append(("store.url", "PostgreSQL needs the postgres extra: pip install '.[postgres]'"))
-    if s.model.provider == "openai" and not s.model.name:
-        p.append(("model.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
-    if s.model.provider == "anthropic":
-        p.append(("model.provider", '"anthropic" is not available in this version yet'))
-    if s.model.base_url is not None and not s.model.base_url.startswith(("http://", "https://")):
-        p.append(("model.base_url", "must be an http:// or https:// URL"))
-    if s.model.provider == "openai" and s.model.base_url is None and s.model.api_key is None:
-        p.append(("model.api_key", "required for the OpenAI API (or set model.base_url)"))
+    p.extend(_model_problems("model", s.model))
+    p.extend(_agent_problems(s))
     url = s.server.public_url
     if url is not None and not url.startswith(("https://", "http://")):
         p.append(("server.public_url", "must be an http:// or https:// URL"))
 
     for name in PLATFORM_CHANNELS:
         p.extend(getattr(s.channels, name).problems(s.server.public_url))
-    if not Path(s.agent.knowledge_dir).is_dir():
-        p.append(("agent.knowledge_dir", f"not a directory: {s.agent.knowledge_dir}"))
+    return p
+
+
+def _model_problems(key: str, m: ModelEndpoint) -> list[tuple[str, str]]:
+    p: list[tuple[str, str]] = []
+    if m.provider == "openai" and not m.name:
+        p.append((f"{key}.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
+    if m.provider == "anthropic":
+        p.append((f"{key}.provider", '"anthropic" is not available in this version yet'))
+    if m.base_url is not None and not m.base_url.startswith(("http://", "https://")):
+        p.append((f"{key}.base_url", "must be an http:// or https:// URL"))
+    if m.provider == "openai" and m.base_url is None and m.api_key is None:
+        p.append((f"{key}.api_key", "required for the OpenAI API (or set base_url)"))
+    if isinstance(m, ModelSettings) and m.fallback is not None:
+        p.extend(_model_problems(f"{key}.fallback", m.fallback))
+    return p
+
+
+def _agent_problems(s: Settings) -> list[tuple[str, str]]:
+    p: list[tuple[str, str]] = []
+    agents = s.resolved_agents()
+    for name, agent in agents.items():
+        key = "agent" if name == DEFAULT_AGENT else f"agents.{name}"
+        if name != DEFAULT_AGENT and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+            p.append((key, "agent names are lowercase letters, digits, - and _ (max 32)"))
+        if name == DEFAULT_AGENT and name in s.agents:
+            p.append(("agents.default", "the default agent is configured in [agent]"))
+        if not Path(agent.settings.knowledge_dir).is_dir():
+            p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
+        unknown = sorted(set(agent.settings.tools or ()) - set(BUILTIN_TOOLS))
+        if unknown:
+            p.append((f"{key}.tools", f"unknown tools: {', '.join(unknown)}"))
+        if name in s.agents and s.agents[name].model is not None:
+            p.extend(_model_problems(f"{key}.model", agent.model))
+    for i, binding in enumerate(s.bindings):
+        target = agents.get(binding.agent)
+        if target is None:
+            p.append((f"bindings[{i}].agent", f"no agent named {binding.agent!r}"))
+        elif target.draft:
+            p.append((f"bindings[{i}].agent", f"agent {binding.agent!r} is a draft"))
+        if binding.channel is not None and binding.channel not in CHANNEL_NAMES:
+            p.append((f"bindings[{i}].channel", f"unknown channel {binding.channel!r}"))
     return p
 
 
@@ -309,6 +312,9 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
             w.append(
                 (f"channels.{name}.enabled", "this channel is not available in this version yet")
             )
+    for name, agent in s.resolved_agents().items():
+        if agent.draft:
+            w.append((f"agents.{name}", "draft (no instructions, or draft = true): not served"))
     if not (
         s.channels.web.enabled
         or any(getattr(s.channels, n).enabled for n in ("telegram", "slack", "whatsapp"))

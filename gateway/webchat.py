@@ -10,7 +10,6 @@ from aiohttp import web
 
 from channels.base import BadInput
 from channels.web import WebChat, new_session_id, valid_session_id
-from core.models import SessionKey
 from core.store import InboxStatus
 from gateway.http import json_error, read_json
 from gateway.keys import RUNTIME, WEBCHAT
@@ -86,7 +85,7 @@ async def history(request: web.Request) -> web.StreamResponse:
     session_id, new = _session(request)
     messages = []
     if not new:
-        key = SessionKey("default", "web", "default", session_id)
+        key = request.app[RUNTIME].manager.session_key(WebChat.name, "default", session_id)
         entries = await request.app[RUNTIME].store.transcript(str(key), HISTORY_LIMIT)
         messages = [
             {

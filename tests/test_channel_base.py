@@ -26,7 +26,11 @@ async def test_context_refuses_to_submit_before_binding(store: SqliteStore, tmp_
     async def notify(key: SessionKey, text: str) -> None:
         raise AssertionError("not expected")
 
-    ctx.bind(lambda m: store.put_inbound(str(ctx.session_key(m)), m, 10), notify)
+    ctx.bind(
+        lambda m: store.put_inbound(str(ctx.session_key(m)), m, 10),
+        notify,
+        lambda ch, acc, conv, thread: SessionKey("default", ch, acc, conv, thread),
+    )
     assert (await ctx.submit(msg)).id > 0
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from core.errors import ConfigError
 from core.sessions import QueueMode
+from gateway.agents_config import DEFAULT_INSTRUCTIONS
 from gateway.settings import (
-    DEFAULT_INSTRUCTIONS,
     EXAMPLE_CONFIG,
     Settings,
     load_settings,

@@ -1,0 +1,136 @@
+"""[model], [agent], [agents.NAME] and [[bindings]]: what each agent is and who it serves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+from zoneinfo import ZoneInfo
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from core.sessions import QueueMode
+
+__all__ = [
+    "DEFAULT_AGENT",
+    "DEFAULT_INSTRUCTIONS",
+    "AgentOverride",
+    "AgentSettings",
+    "BindingSettings",
+    "LimitsSettings",
+    "ModelSettings",
+    "ResolvedAgent",
+]
+
+DEFAULT_AGENT = "default"
+DEFAULT_INSTRUCTIONS = (
+    "You are a helpful, concise assistant for a business. Answer from the knowledge base using "
+    "the search_knowledge tool; if it has no answer, say so plainly and do not invent facts, "
+    "prices or times."
+)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelEndpoint(_Section):
+    provider: Literal["offline", "openai", "anthropic"] = "offline"
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    name: str | None = None
+    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    stream: bool = True
+    max_retries: int = Field(default=3, ge=0, le=10)
+
+
+class ModelSettings(ModelEndpoint):
+    fallback: ModelEndpoint | None = None  # asked when this model fails before answering
+
+
+class LimitsSettings(_Section):
+    max_steps: int = Field(default=5, ge=1, le=50)
+    max_tool_calls: int = Field(default=6, ge=0, le=100)
+    max_output_tokens: int = Field(default=350, ge=16, le=32_000)
+    token_budget: int = Field(default=7000, ge=256, le=2_000_000)
+    run_timeout_s: float = Field(default=45.0, gt=0, le=3600)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+
+
+def _zone(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            ZoneInfo(value)
+        except (KeyError, ValueError):
+            raise ValueError(f"unknown IANA timezone {value!r}") from None
+    return value
+
+
+class AgentSettings(_Section):
+    """[agent]: the default agent, and what [agents.NAME] inherit."""
+
+    instructions: str = DEFAULT_INSTRUCTIONS
+    knowledge_dir: str = "config/knowledge"
+    queue_mode: QueueMode = QueueMode.COLLECT
+    history_turns: int = Field(default=10, ge=0, le=200)
+    debounce_ms: int = Field(default=0, ge=0, le=60_000)
+    max_concurrent_runs: int = Field(default=8, ge=1, le=10_000)  # for the whole gateway
+    max_pending: int = Field(default=100, ge=1, le=10_000)
+    greeting: str = "Hello! How can I help you today?"
+    timezone: str = "UTC"  # what current_time answers in, e.g. "Europe/Madrid"
+    workspace_dir: str = "data/workspace"  # one folder per session: kept tool results, files
+    tools: list[str] | None = None  # tools this agent may use; None: every built-in tool
+    limits: LimitsSettings = LimitsSettings()
+
+    _tz = field_validator("timezone")(_zone)
+
+
+class AgentOverride(_Section):
+    """[agents.NAME]: anything not set here comes from [agent] (and [model])."""
+
+    draft: bool = False
+    instructions: str | None = None
+    knowledge_dir: str | None = None
+    queue_mode: QueueMode | None = None
+    history_turns: int | None = Field(default=None, ge=0, le=200)
+    debounce_ms: int | None = Field(default=None, ge=0, le=60_000)
+    max_pending: int | None = Field(default=None, ge=1, le=10_000)
+    greeting: str | None = None
+    timezone: str | None = None
+    tools: list[str] | None = None
+    limits: LimitsSettings | None = None
+    model: ModelSettings | None = None
+
+    _tz = field_validator("timezone")(_zone)
+
+    @property
+    def is_draft(self) -> bool:
+        """Not served: marked so, or without its own instructions yet."""
+        return self.draft or not (self.instructions or "").strip()
+
+    def resolve(self, name: str, base: AgentSettings, model: ModelSettings) -> ResolvedAgent:
+        own: dict[str, Any] = {
+            k: v
+            for k, v in self.model_dump(exclude={"draft", "model", "limits"}).items()
+            if v is not None and k in AgentSettings.model_fields
+        }
+        settings = base.model_copy(update=own)
+        if self.limits is not None:
+            settings = settings.model_copy(update={"limits": self.limits})
+        return ResolvedAgent(name, settings, self.model or model, draft=self.is_draft)
+
+
+class BindingSettings(_Section):
+    """[[bindings]]: route a channel, an account or one conversation to an agent."""
+
+    agent: str
+    channel: str | None = None
+    account: str | None = None
+    conversation: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedAgent:
+    name: str
+    settings: AgentSettings
+    model: ModelSettings
+    draft: bool = False

@@ -1,0 +1,134 @@
+"""Several agents in one gateway: inheritance, drafts, bindings (most specific wins), tools."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from core.errors import ConfigError
+from core.routing import Binding, Router
+from gateway.app import build_app
+from gateway.settings import load_settings, settings_warnings
+from tests.fake_openai import FakeOpenAI
+
+
+def test_router_most_specific_binding_wins() -> None:
+    router = Router(
+        [
+            Binding("support", channel="whatsapp"),
+            Binding("vip", channel="whatsapp", conversation="155"),
+            Binding("sales", channel="whatsapp", account="pn2"),
+            Binding("late", channel="whatsapp"),
+        ]
+    )
+    assert router.agent_for("whatsapp", "pn1", "155") == "vip"
+    assert router.agent_for("whatsapp", "pn2", "156") == "sales"
+    assert router.agent_for("whatsapp", "pn1", "156") == "support"  # first of equals
+    assert router.agent_for("web", "default", "x") == "default"
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "sb.toml"
+    path.write_text(body)
+    return path
+
+
+def test_agents_inherit_from_agent_and_model(tmp_path: Path) -> None:
+    s = load_settings(
+        _write(
+            tmp_path,
+            '[agent]\nhistory_turns = 4\ntimezone = "Europe/Madrid"\n'
+            '[agents.sales]\ninstructions = "Sell bikes."\nqueue_mode = "followup"\n'
+            "[agents.sales.limits]\nmax_steps = 2\n"
+            "[agents.later]\n",
+        )
+    )
+    agents = s.resolved_agents()
+    sales = agents["sales"]
+    assert sales.settings.instructions == "Sell bikes."
+    assert sales.settings.history_turns == 4
+    assert sales.settings.timezone == "Europe/Madrid"
+    assert sales.settings.queue_mode == "followup"
+    assert sales.settings.limits.max_steps == 2
+    assert sales.model == s.model
+    assert not sales.draft
+    assert agents["later"].draft
+    assert ("agents.later", "draft (no instructions, or draft = true): not served") in (
+        settings_warnings(s)
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "key"),
+    [
+        ('[[bindings]]\nagent = "ghost"\nchannel = "web"\n', "bindings[0].agent"),
+        ('[agents.later]\n[[bindings]]\nagent = "later"\n', "bindings[0].agent"),
+        ('[[bindings]]\nagent = "default"\nchannel = "fax"\n', "bindings[0].channel"),
+        ('[agents.sales]\ninstructions = "x"\ntools = ["rm_rf"]\n', "agents.sales.tools"),
+        ('[agent]\ntools = ["search_knowledge", "nope"]\n', "agent.tools"),
+        ('[agents.Sales]\ninstructions = "x"\n', "agents.Sales"),
+        ('[agents.default]\ninstructions = "x"\n', "agents.default"),
+        ('[agents.x]\ninstructions = "x"\nknowledge_dir = "nowhere"\n', "agents.x.knowledge_dir"),
+        (
+            '[agents.x]\ninstructions = "x"\n[agents.x.model]\nprovider = "openai"\n',
+            "agents.x.model.name",
+        ),
+        ('[model.fallback]\nprovider = "openai"\nbase_url = "http://h"\n', "model.fallback.name"),
+    ],
+)
+def test_agent_and_binding_problems_name_their_key(tmp_path: Path, body: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(_write(tmp_path, body))
+    assert key in [k for k, _ in err.value.problems]
+
+
+@pytest_asyncio.fixture
+async def gateway(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[str]:
+    config = _write(
+        tmp_path,
+        f'[store]\nurl = "sqlite:///{tmp_path}/db.sqlite"\n'
+        f'[model]\nprovider = "openai"\nbase_url = "{fake_openai.url}"\nname = "fake"\n'
+        '[agent]\ninstructions = "You are the front desk."\n'
+        '[agents.vip]\ninstructions = "You are the VIP concierge."\ntools = ["current_time"]\n'
+        '[[bindings]]\nagent = "vip"\nchannel = "web"\nconversation = "vip-customer-0001"\n',
+    )
+    runner = web.AppRunner(build_app(load_settings(config)))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+async def test_bindings_route_conversations_to_agents_with_their_own_tools(
+    gateway: str, fake_openai: FakeOpenAI
+) -> None:
+    async with httpx.AsyncClient(base_url=gateway, timeout=10) as client:
+        for cookie, text in (("vip-customer-0001", "hello vip"), ("someone-else-0002", "hi")):
+            r = await client.post(
+                "/chat/messages",
+                json={"text": text, "client_id": cookie},
+                headers={"Cookie": f"switchboard_chat={cookie}"},
+            )
+            assert r.status_code == 202
+        async with asyncio.timeout(10):
+            while len(fake_openai.requests) < 2:
+                await asyncio.sleep(0.05)
+    by_text = {}
+    for body in fake_openai.requests:
+        system = body["messages"][0]["content"]
+        by_text["vip" if "hello vip" in str(body["messages"]) else "other"] = (
+            system,
+            [t["function"]["name"] for t in body.get("tools", [])],
+        )
+    assert by_text["vip"][0].startswith("You are the VIP concierge.")
+    assert by_text["vip"][1] == ["current_time"]
+    assert by_text["other"][0].startswith("You are the front desk.")
+    assert "search_knowledge" in by_text["other"][1]
