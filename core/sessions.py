@@ -544,6 +544,10 @@ def _fill(run: RunRecord, outcome: RunOutcome) -> None:
     run.limits_hit = list(outcome.limits_hit)
     run.error = outcome.error
     run.detail = {"calls": outcome.calls, "steered": outcome.steered}
+    if outcome.unverified_amounts:
+        run.detail["unverified_amounts"] = outcome.unverified_amounts
+    if outcome.handoff:
+        run.detail["handoff"] = outcome.handoff
 
 
 async def _quietly(coro: Awaitable[None], skey: str) -> None:

@@ -737,3 +737,24 @@ async def test_streamed_deltas_never_show_reasoning() -> None:
     streamed = "".join(e.text for e in events.of(TextDelta))
     assert streamed == "We open at 8."
     assert outcome.text == "We open at 8."
+
+
+async def test_unverified_amounts_are_flagged_and_the_person_warned() -> None:
+    model = ScriptedModel()
+    model.add(
+        calls(("add", '{"first": 1000, "second": 200}')),
+        text("Your total is $1,200.00, or $1,250.00 with delivery."),
+    )
+    outcome, events = await _run(model)
+    assert [a["text"] for a in outcome.unverified_amounts] == ["$1,250.00"]
+    assert outcome.text.startswith("Your total is $1,200.00")
+    assert "$1,250.00" in outcome.text.split("\n\n")[-1]
+    assert "".join(e.text for e in events.of(TextDelta)) == outcome.text
+
+
+async def test_grounded_amounts_pass_without_a_warning() -> None:
+    model = ScriptedModel()
+    model.add(calls(("add", '{"first": 1000, "second": 200}')), text("That comes to USD 1200."))
+    outcome, _ = await _run(model)
+    assert outcome.unverified_amounts == []
+    assert outcome.text == "That comes to USD 1200."

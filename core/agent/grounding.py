@@ -20,9 +20,9 @@ Numbers glued to `:`, `/`, `%` or letters (times, dates, percentages, codes) are
 signs are ignored: amounts and tool numbers are compared as magnitudes.
 
 Tool side: every JSON number in a tool result, and every number inside its strings (no currency
-needed; `1,250` there counts as both 1250 and 1.25, and a malformed token as its digit runs). A
-JSON key naming a unit (`..._thousands`, `..._millions`, `..._millones`) also counts its numbers
-at that scale. A result that is not JSON is read as text.
+needed; `1,250` there counts as both 1250 and 1.25; a malformed token such as `12.05.2024` counts
+for nothing). A JSON key naming a unit (`..._thousands`, `..._millions`, `..._millones`) also
+counts its numbers at that scale. A result that is not JSON is read as text.
 
 An amount matches a tool number when they are equal up to rounding, nothing looser (no
 percentage tolerance): the difference may be half a unit of the last digit the answer shows,
@@ -110,11 +110,12 @@ _SCALE = (
     + rf")){_NOT_LETTER}"
 )
 _NUMBER = rf"\d+(?:[.,]\d+)*(?![.,:/]?\d)(?!{_SP}?%)"
-_FREE_NUMBER = rf"(?<![\w.,:/])(?<!\d-){_NUMBER}"
+_SIGN = r"[-\u2212+]"
+_FREE_NUMBER = rf"(?<![\w.,:/]){_NUMBER}"
 
 _AMOUNT = re.compile(
-    rf"(?P<pre>{_PREFIX}){_SP}{{0,2}}[-−+]?(?P<n1>{_NUMBER})(?P<s1>{_SCALE})?"
-    rf"(?:{_SP}{{0,2}}(?P<p1>{_SUFFIX}))?"
+    rf"(?P<pre>{_PREFIX}){_SP}{{0,2}}{_SIGN}?(?P<n1>{_NUMBER})(?P<s1>{_SCALE})?"
+    rf"(?:{_SP}{{0,2}}(?P<p1>{_SUFFIX})(?!{_SP}{{0,2}}{_SIGN}?\d))?"  # "USD 30 EUR 40": two
     rf"|(?P<n2>{_FREE_NUMBER})(?P<s2>{_SCALE})?{_SP}{{0,2}}(?P<p2>{_SUFFIX})"
 )
 _TOOL_NUMBER = re.compile(rf"\d+(?:[.,]\d+)*(?P<s>{_SCALE})?")
@@ -140,6 +141,8 @@ class Amount:
 
 @dataclass(frozen=True, slots=True)
 class GroundingReport:
+    """The amounts of an answer, those no tool number grounds, and the answer's language."""
+
     amounts: tuple[Amount, ...]
     unmatched: tuple[Amount, ...]
     language: str  # "en" or "es", guessed from the answer for the warning
@@ -191,7 +194,7 @@ def _currency(marker: str | None) -> str | None:
     if marker is None:
         return None
     key = " ".join(marker.split())
-    if key.upper() in _CODES and key.isupper():
+    if key in _CODES:
         return key
     if key in _SYMBOLS:
         return _SYMBOLS[key]
@@ -233,9 +236,8 @@ def extract_amounts(text: str) -> list[Amount]:
 def _text_numbers(text: str) -> Iterator[Decimal]:
     for m in _TOOL_NUMBER.finditer(text):
         token = m[0][: m.start("s") - m.start()] if m["s"] else m[0]
-        readings = _readings(token) or [(Decimal(run), 0) for run in re.findall(r"\d+", token)]
         scale = _scale_of(m["s"])
-        for value, _ in readings:
+        for value, _ in _readings(token):
             yield value
             if scale > 1:
                 yield value * scale
@@ -246,19 +248,22 @@ def _key_scale(key: str) -> int:
     return next((scale for word, scale in _KEY_SCALE if word in lowered), 1)
 
 
-def _walk(node: Any, scale: int) -> Iterator[Decimal]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield from _walk(value, max(scale, _key_scale(str(key))))
-    elif isinstance(node, list):
-        for item in node:
-            yield from _walk(item, scale)
-    elif isinstance(node, str):
-        yield from _text_numbers(node)
-    elif isinstance(node, Decimal) and node.is_finite():
-        yield abs(node)
-        if scale > 1:
-            yield abs(node) * scale
+def _walk(data: Any) -> Iterator[Decimal]:
+    """Numbers in parsed JSON, iteratively so a deeply nested result cannot exhaust the stack."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, scale = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((v, max(scale, _key_scale(str(k)))) for k, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((item, scale) for item in node)
+        elif isinstance(node, str | Decimal):
+            found = _text_numbers(node) if isinstance(node, str) else [node]
+            for value in found:
+                if value.is_finite():
+                    yield abs(value)
+                    if scale > 1:
+                        yield abs(value) * scale
 
 
 def tool_numbers(tool_results: list[str]) -> list[Decimal]:
@@ -266,11 +271,12 @@ def tool_numbers(tool_results: list[str]) -> list[Decimal]:
     numbers: set[Decimal] = set()
     for content in tool_results:
         try:
-            data = json.loads(content, parse_float=Decimal, parse_int=Decimal,
-                              parse_constant=lambda _: None)  # fmt: skip
-        except (ValueError, InvalidOperation):
+            data = json.loads(
+                content, parse_float=Decimal, parse_int=Decimal, parse_constant=lambda _: None
+            )
+        except (ValueError, InvalidOperation, RecursionError):
             data = content
-        numbers.update(_walk(data, 1))
+        numbers.update(_walk(data))
     return sorted(numbers)
 
 
@@ -284,14 +290,18 @@ def _grounded(amount: Amount, numbers: list[Decimal]) -> bool:
         return True
     if amount.scale == 1:
         return False
-    return _near(numbers, amount.value / amount.scale, max(amount.quantum / amount.scale / 2,
-                                                           _HALF_CENT))  # fmt: skip
+    mantissa_tolerance = max(amount.quantum / amount.scale / 2, _HALF_CENT)
+    return _near(numbers, amount.value / amount.scale, mantissa_tolerance)
 
 
-_ES_HINTS = frozenset("el la los las de del que por para con una un es está son su tu usted y "
-                      "pesos millones mil precio cuesta hola gracias puedes tienes".split())  # fmt: skip
-_EN_HINTS = frozenset("the an of to is are your you for with this that it and price "
-                      "costs hello thanks can have".split())  # fmt: skip
+_ES_HINTS = frozenset(
+    "el la los las de del que por para con una un es está son su tu usted y pesos millones mil"
+    " precio cuesta hola gracias puedes tienes".split()
+)
+_EN_HINTS = frozenset(
+    "the an of to is are your you for with this that it and price costs"
+    " hello thanks can have".split()
+)
 
 
 def _language(text: str) -> str:

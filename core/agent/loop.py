@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.agent.grounding import check, warning_text
 from core.agent.model import (
     ChatMessage,
     ModelClient,
@@ -106,6 +107,7 @@ class RunOutcome:
     error: str | None = None
     buttons: list[Button] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)  # the session state after the run
+    unverified_amounts: list[dict[str, str | None]] = field(default_factory=list)
     handoff: str | None = None  # the reason, when the agent handed over to a person
 
 
@@ -144,6 +146,7 @@ class AgentLoop:
             session=turn.session, run_id=turn.run_id, state=out.state, workspace=turn.workspace
         )
         tools = self._tools.specs()
+        tool_results: list[str] = []  # what tools returned: the numbers answers may quote
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
         last_text = ""
@@ -212,12 +215,26 @@ class AgentLoop:
                     result = await self._tools.call(call.name, call.arguments, ctx)
                     content, ok = result.content, result.ok
                 messages.append(ChatMessage("tool", content, tool_call_id=call.id, name=call.name))
+                tool_results.append(content)
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or APOLOGY_EMPTY
+        if last_text:
+            await self._ground(turn, emit, out, tool_results)
         out.buttons = list(ctx.buttons)
         out.handoff = ctx.handoff
         if not last_text:
             log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
+
+    async def _ground(
+        self, turn: Turn, emit: EventSink, out: RunOutcome, tool_results: list[str]
+    ) -> None:
+        """Money amounts in the answer that no tool returned in this run get flagged: listed in
+        the run record, and the person is asked to confirm them."""
+        report = check(out.text, tool_results)
+        out.unverified_amounts = [a.as_dict() for a in report.unmatched]
+        if warning := warning_text(report):
+            out.text = f"{out.text}\n\n{warning}"
+            await emit(TextDelta(turn.run_id, f"\n\n{warning}"))
 
     def _final_reason(
         self, step: int, out: RunOutcome, has_tools: bool, spent: int, est_input: int

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ValidationError
 
@@ -15,7 +17,16 @@ from core.agent.model import ToolSpec
 from core.errors import ToolError
 from core.models import Button
 
-__all__ = ["ResultTiers", "Tool", "ToolContext", "ToolRegistry", "ToolResult", "describe"]
+__all__ = [
+    "PENDING",
+    "NeedsConfirmation",
+    "ResultTiers",
+    "Tool",
+    "ToolContext",
+    "ToolRegistry",
+    "ToolResult",
+    "describe",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +45,34 @@ class ToolContext:
 
 
 class Tool(Protocol):
-    """An async tool. The model sees only name, description and the argument JSON schema."""
+    """An async tool. The model sees only name, description and the argument JSON schema
+    (from `args_model`). Class attributes or instance attributes both satisfy it."""
 
-    name: ClassVar[str]
-    description: ClassVar[str]
-    args_model: ClassVar[type[BaseModel]]
-    read_only: ClassVar[bool]
-    timeout_s: ClassVar[float]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def args_model(self) -> type[BaseModel]: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+    @property
+    def timeout_s(self) -> float: ...
 
     async def __call__(self, args: Any, ctx: ToolContext) -> Any:
         """Return a JSON-serializable result or raise ToolError."""
+
+
+@runtime_checkable
+class NeedsConfirmation(Protocol):
+    """Optional: a tool that changes things may require the person's confirmation button."""
+
+    @property
+    def confirm(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +125,9 @@ class ToolRegistry:
             ToolSpec(t.name, t.description, _schema(t.args_model)) for t in self._tools.values()
         )
 
-    async def call(self, name: str, raw_args: str, ctx: ToolContext) -> ToolResult:
+    async def call(
+        self, name: str, raw_args: str, ctx: ToolContext, *, confirmed: bool = False
+    ) -> ToolResult:
         tool = self._tools.get(name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
@@ -109,6 +140,8 @@ class ToolRegistry:
             args = tool.args_model.model_validate(data)
         except ValidationError as exc:
             return _error("invalid_arguments", _validation_detail(exc))
+        if isinstance(tool, NeedsConfirmation) and tool.confirm and not confirmed:
+            return _ask_confirmation(tool, args, ctx)
         try:
             async with asyncio.timeout(tool.timeout_s):
                 result = await tool(args, ctx)
@@ -140,6 +173,29 @@ class ToolRegistry:
         if truncated:
             card["truncated_to_chars"] = self._tiers.keep_chars
         return json.dumps(card, ensure_ascii=False, default=str)
+
+
+PENDING = "pending_actions"  # session state slot: actions waiting for the person's confirmation
+CONFIRM_TTL_S = 3600.0
+
+
+def _ask_confirmation(tool: Tool, args: BaseModel, ctx: ToolContext) -> ToolResult:
+    """Keep the call for later and put Confirm / Cancel buttons on the answer."""
+    token = secrets.token_hex(4)
+    pending = ctx.state.setdefault(PENDING, {})
+    now = time.time()
+    for old in [t for t, a in pending.items() if now - a.get("at", 0) > CONFIRM_TTL_S]:
+        del pending[old]
+    pending[token] = {"tool": tool.name, "args": args.model_dump(mode="json"), "at": now}
+    ctx.buttons[:] = [
+        Button(label="Confirm", value=f"confirm:{token}"),
+        Button(label="Cancel", value=f"cancel:{token}"),
+    ]
+    detail = (
+        f"{tool.name} changes something, so it runs only after the person confirms. Say "
+        "exactly what will happen and ask them to press Confirm or Cancel."
+    )
+    return ToolResult(json.dumps({"status": "awaiting_confirmation", "detail": detail}), ok=True)
 
 
 def describe(value: Any) -> dict[str, Any]:
