@@ -408,6 +408,12 @@ class _Runner:
             state=session.state,
             steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
             workspace=self._workspace(),
+            confirmations=[
+                (m.group(2), m.group(1) == "confirm")
+                for i in batch
+                if i.message.kind is MessageKind.BUTTON
+                and (m := _CONFIRM.match(i.message.button_value or ""))
+            ],
         )
         live = self._live()
         if live is not None:
@@ -529,6 +535,7 @@ class _Runner:
 
 
 COMMANDS = frozenset({"reset", "start", "help"})
+_CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 
 

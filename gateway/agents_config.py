@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from core.agent.http_tools import HttpToolSpec, host_allowed
 from core.sessions import QueueMode
 
 __all__ = [
@@ -16,9 +20,11 @@ __all__ = [
     "AgentOverride",
     "AgentSettings",
     "BindingSettings",
+    "HttpToolSettings",
     "LimitsSettings",
     "ModelSettings",
     "ResolvedAgent",
+    "ToolsSettings",
 ]
 
 DEFAULT_AGENT = "default"
@@ -78,7 +84,7 @@ class AgentSettings(_Section):
     greeting: str = "Hello! How can I help you today?"
     timezone: str = "UTC"  # what current_time answers in, e.g. "Europe/Madrid"
     workspace_dir: str = "data/workspace"  # one folder per session: kept tool results, files
-    tools: list[str] | None = None  # tools this agent may use; None: every built-in tool
+    tools: list[str] | None = None  # tools this agent may use; None: every tool configured
     limits: LimitsSettings = LimitsSettings()
 
     _tz = field_validator("timezone")(_zone)
@@ -134,3 +140,70 @@ class ResolvedAgent:
     settings: AgentSettings
     model: ModelSettings
     draft: bool = False
+
+
+class HttpToolSettings(_Section):
+    """[tools.http.NAME]: an HTTP endpoint the agent can call, declared with no code."""
+
+    description: str = Field(min_length=1, max_length=1000)
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    url: str
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    headers: dict[str, str] = Field(default_factory=dict)  # use "${VAR}" for secrets
+    allow_hosts: list[str] | None = None  # default: the URL's own host
+    allow_private: bool = False  # loopback and private networks are refused unless true
+    timeout_s: float = Field(default=10.0, gt=0, le=120)
+    max_response_bytes: int = Field(default=65_536, ge=256, le=10_000_000)
+    read_only: bool | None = None  # default: true for GET; a write tool must say false
+    confirm: bool = False  # run only after the person presses Confirm
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value.replace("{", "x").replace("}", "x"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL (with {arg} placeholders)")
+        return value
+
+    @field_validator("parameters")
+    @classmethod
+    def _json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            Draft202012Validator.check_schema(value)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        if value.get("type") != "object":
+            raise ValueError('the arguments schema must have "type": "object"')
+        return value
+
+    @model_validator(mode="after")
+    def _writes_say_so(self) -> HttpToolSettings:
+        if self.method != "GET" and self.read_only is not False:
+            raise ValueError(f"a {self.method} tool changes things: set read_only = false")
+        if self.confirm and self.read_only is not False:
+            raise ValueError("confirm = true is for write tools (read_only = false)")
+        host = urlsplit(self.url.replace("{", "x").replace("}", "x")).hostname or ""
+        if self.allow_hosts is not None and not host_allowed(host, tuple(self.allow_hosts)):
+            raise ValueError(f"the URL's host {host!r} is not in allow_hosts")
+        return self
+
+    def spec(self, name: str) -> HttpToolSpec:
+        host = urlsplit(self.url.replace("{", "x").replace("}", "x")).hostname or ""
+        return HttpToolSpec(
+            name=name,
+            description=self.description,
+            url=self.url,
+            method=self.method,
+            parameters=self.parameters,
+            headers=self.headers,
+            allow_hosts=tuple(self.allow_hosts if self.allow_hosts is not None else [host]),
+            allow_private=self.allow_private,
+            timeout_s=self.timeout_s,
+            max_response_bytes=self.max_response_bytes,
+            read_only=self.read_only is not False,
+            confirm=self.confirm,
+        )
+
+
+class ToolsSettings(_Section):
+    http: dict[str, HttpToolSettings] = Field(default_factory=dict)

@@ -87,7 +87,9 @@ class Runtime:
             if client is None:
                 client = build_model(agent.model)
                 models.append(client)
-            profiles[name] = _profile(name, a, client, agent_tools(a, kb), rules, settings)
+            profiles[name] = _profile(
+                name, a, client, agent_tools(a, kb, settings.tools.http), rules, settings
+            )
         store = store or build_store(settings)
         router = Router([Binding(**b.model_dump()) for b in settings.bindings])
         manager = SessionManager(

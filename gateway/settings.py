@@ -35,6 +35,7 @@ from gateway.agents_config import (
     ModelEndpoint,
     ModelSettings,
     ResolvedAgent,
+    ToolsSettings,
 )
 from gateway.tools import BUILTIN_TOOLS
 
@@ -127,6 +128,7 @@ class Settings(BaseSettings):
     agent: AgentSettings = AgentSettings()
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
     bindings: list[BindingSettings] = Field(default_factory=list)
+    tools: ToolsSettings = ToolsSettings()
     channels: ChannelsSettings = ChannelsSettings()
 
     def resolved_agents(self) -> dict[str, ResolvedAgent]:
@@ -280,11 +282,17 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
             p.append(("agents.default", "the default agent is configured in [agent]"))
         if not Path(agent.settings.knowledge_dir).is_dir():
             p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
-        unknown = sorted(set(agent.settings.tools or ()) - set(BUILTIN_TOOLS))
+        known = set(BUILTIN_TOOLS) | set(s.tools.http)
+        unknown = sorted(set(agent.settings.tools or ()) - known)
         if unknown:
             p.append((f"{key}.tools", f"unknown tools: {', '.join(unknown)}"))
         if name in s.agents and s.agents[name].model is not None:
             p.extend(_model_problems(f"{key}.model", agent.model))
+    for name in s.tools.http:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            p.append((f"tools.http.{name}", "tool names are letters, digits, - and _ (max 64)"))
+        elif name in BUILTIN_TOOLS:
+            p.append((f"tools.http.{name}", "that name belongs to a built-in tool"))
     for i, binding in enumerate(s.bindings):
         target = agents.get(binding.agent)
         if target is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.agent.builtin import SearchKnowledge, SendButtons
+from core.agent.http_tools import HttpTool
 from core.agent.session_tools import (
     CurrentTime,
     HandoffToHuman,
@@ -13,7 +14,7 @@ from core.agent.session_tools import (
 )
 from core.agent.tools import Tool, ToolRegistry
 from core.knowledge import KnowledgeBase
-from gateway.agents_config import AgentSettings
+from gateway.agents_config import AgentSettings, HttpToolSettings
 
 __all__ = ["BUILTIN_TOOLS", "agent_tools"]
 
@@ -29,8 +30,10 @@ BUILTIN_TOOLS = (
 )
 
 
-def agent_tools(agent: AgentSettings, knowledge: KnowledgeBase) -> ToolRegistry:
-    """Every tool this agent is granted (`tools`), or every built-in one when unset."""
+def agent_tools(
+    agent: AgentSettings, knowledge: KnowledgeBase, http: dict[str, HttpToolSettings]
+) -> ToolRegistry:
+    """The tools this agent is granted (`tools`), or every configured tool when unset."""
     every: list[Tool] = [
         SearchKnowledge(knowledge),
         SendButtons(),
@@ -41,4 +44,5 @@ def agent_tools(agent: AgentSettings, knowledge: KnowledgeBase) -> ToolRegistry:
         ReadResult(),
         HandoffToHuman(),
     ]
+    every.extend(HttpTool(section.spec(name)) for name, section in http.items())
     return ToolRegistry(every).select(agent.tools)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -17,11 +18,12 @@ from core.agent.model import (
     ModelClient,
     ModelRequest,
     ModelResponse,
+    ToolCall,
     estimate_messages,
     estimate_tokens,
 )
 from core.agent.sanitize import StreamFilter, strip_reasoning, wrap_user_text
-from core.agent.tools import ToolContext, ToolRegistry
+from core.agent.tools import PENDING, ToolContext, ToolRegistry
 from core.errors import ModelError
 from core.models import Button
 
@@ -91,6 +93,7 @@ class Turn:
     state: dict[str, Any] = field(default_factory=dict)
     steer: Steer | None = None  # returns messages that arrived mid-run (queue mode "steer")
     workspace: Path | None = None  # the session's folder for kept results and files
+    confirmations: list[tuple[str, bool]] = field(default_factory=list)  # (token, confirmed)
 
 
 @dataclass(slots=True)
@@ -152,6 +155,9 @@ class AgentLoop:
         last_text = ""
 
         visible = StreamFilter()
+
+        for token, approved in turn.confirmations:
+            await self._confirmed(token, approved, ctx, messages, tool_results, out, emit)
 
         async def on_delta(text: str) -> None:
             if shown := visible.feed(text):
@@ -224,6 +230,29 @@ class AgentLoop:
         out.handoff = ctx.handoff
         if not last_text:
             log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
+
+    async def _confirmed(
+        self,
+        token: str,
+        approved: bool,
+        ctx: ToolContext,
+        messages: list[ChatMessage],
+        tool_results: list[str],
+        out: RunOutcome,
+        emit: EventSink,
+    ) -> None:
+        """Run (or drop) an action the person confirmed (or cancelled) with a button; the
+        model then sees the call and its result as if it had just made it."""
+        action = out.state.get(PENDING, {}).pop(token, None)
+        if not action or not approved:
+            return
+        call = ToolCall(f"confirmed-{token}", str(action["tool"]), json.dumps(action["args"]))
+        result = await self._tools.call(call.name, call.arguments, ctx, confirmed=True)
+        out.tool_calls += 1
+        messages.append(ChatMessage("assistant", None, (call,)))
+        messages.append(ChatMessage("tool", result.content, tool_call_id=call.id, name=call.name))
+        tool_results.append(result.content)
+        await emit(ToolStep(ctx.run_id, call.name, call.arguments, result.content, result.ok))
 
     async def _ground(
         self, turn: Turn, emit: EventSink, out: RunOutcome, tool_results: list[str]
