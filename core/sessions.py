@@ -21,13 +21,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from core.agent.loop import AgentEvent, AgentLoop, Done, RunOutcome, TextDelta, Turn
+from core.agent.loop import AgentEvent, AgentLoop, Done, Limits, RunOutcome, TextDelta, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
 from core.errors import StoreError, SwitchboardError
 from core.models import InboundMessage, MessageKind, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
 from core.routing import Router
-from core.store.base import InboxItem, InboxStatus, PutResult, RunRecord, Store
+from core.store.base import InboxItem, InboxStatus, PutResult, Quota, RunRecord, Store
 
 __all__ = [
     "AgentProfile",
@@ -36,6 +36,7 @@ __all__ = [
     "NotifyingStore",
     "Outlet",
     "QueueMode",
+    "QuotaPolicy",
     "SessionManager",
     "SessionPolicy",
 ]
@@ -86,6 +87,34 @@ class SessionPolicy:
     lease_ttl_s: float = 15.0
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaPolicy:
+    """Credits a run costs, and how many a person and a channel may spend per (UTC) day.
+    A limit of 0 means unlimited. `credits_per_run = None` charges the run's worst case:
+    its token budget in thousands of tokens."""
+
+    credits_per_run: float | None = 1.0
+    user_daily: float = 0.0
+    channel_daily: float = 0.0
+    message: str = (
+        "You've reached today's limit for questions here. Please try again tomorrow, or "
+        "contact us directly."
+    )
+
+    def credits(self, limits: Limits) -> float:
+        if self.credits_per_run is None:
+            return limits.token_budget / 1000
+        return self.credits_per_run
+
+    def quotas(self, key: SessionKey, sender: str) -> list[Quota]:
+        out = []
+        if self.user_daily > 0:
+            out.append(Quota("user", f"{key.channel}:{key.account}:{sender}", self.user_daily))
+        if self.channel_daily > 0:
+            out.append(Quota("channel", f"{key.channel}:{key.account}", self.channel_daily))
+        return out
+
+
 @dataclass(slots=True)
 class AgentProfile:
     name: str
@@ -108,10 +137,12 @@ class SessionManager:
         owner: str | None = None,
         delivery: DeliveryPolicy | None = None,
         router: Router | None = None,
+        quota: QuotaPolicy | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
         self.router = router or Router()
+        self.quota = quota or QuotaPolicy()
         self.outlets = outlets
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy())
@@ -415,6 +446,14 @@ class _Runner:
                 and (m := _CONFIRM.match(i.message.button_value or ""))
             ],
         )
+        quotas = self.mgr.quota.quotas(self.key, batch[0].message.sender.id)
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
+        if quotas:
+            refused = await self.mgr.store.reserve_usage(day, run.credits, quotas)
+            if refused is not None:
+                await self._refuse(run, refused)
+                return
         live = self._live()
         if live is not None:
             await _quietly(live.run_started(self.key, run.id), self.skey)
@@ -441,6 +480,10 @@ class _Runner:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             run.status, run.ended_at = "cancelled", time.time()
+            if quotas:  # the messages will be answered (and charged) by a later run
+                with contextlib.suppress(StoreError):
+                    await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+                run.credits = 0.0
             run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
             if live is not None:
                 await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
@@ -451,6 +494,9 @@ class _Runner:
             return
         finally:
             self.turn_task = None
+        if quotas and outcome.status == "model_error" and outcome.steps == 0:
+            await self.mgr.store.release_usage(day, run.credits, quotas)  # nothing produced
+            run.credits = 0.0
         self.committing = True
         try:
             _fill(run, outcome)
@@ -477,6 +523,15 @@ class _Runner:
             )
         if live is not None:
             await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
+
+    async def _refuse(self, run: RunRecord, quota: Quota) -> None:
+        """Over quota: a polite answer, no model call; the messages count as answered."""
+        run.status, run.ended_at, run.credits = "quota", time.time(), 0.0
+        run.limits_hit.append(f"quota_{quota.scope}")
+        log.info("over the %s quota (%s)", quota.scope, quota.key, extra={"session": self.skey})
+        await self.mgr.store.complete_turn(
+            self.mgr.owner, run, "\n\n".join(self.batch_texts), [Reply(text=self.mgr.quota.message)]
+        )
 
     async def _steer(self) -> list[str]:
         """Messages that arrived since the turn started, up to the next command."""

@@ -23,6 +23,7 @@ __all__ = [
     "HttpToolSettings",
     "LimitsSettings",
     "ModelSettings",
+    "QuotaSettings",
     "ResolvedAgent",
     "ToolsSettings",
 ]
@@ -207,3 +208,15 @@ class HttpToolSettings(_Section):
 
 class ToolsSettings(_Section):
     http: dict[str, HttpToolSettings] = Field(default_factory=dict)
+
+
+class QuotaSettings(_Section):
+    """[quotas]: what a run costs and what a person and a channel may spend per UTC day."""
+
+    credits_per_run: float | Literal["limits"] = 1.0  # "limits": token budget / 1000
+    user_daily_credits: float = Field(default=0.0, ge=0)  # 0: unlimited
+    channel_daily_credits: float = Field(default=0.0, ge=0)  # 0: unlimited
+    message: str = (
+        "You've reached today's limit for questions here. Please try again tomorrow, or "
+        "contact us directly."
+    )

@@ -18,7 +18,7 @@ from core.agent.openai import OpenAIClient, RetryPolicy
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
 from core.routing import Binding, Router
-from core.sessions import AgentProfile, SessionManager, SessionPolicy
+from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
 from core.store import SqliteStore, Store
 from gateway.agents_config import AgentSettings, ModelEndpoint
 from gateway.settings import Settings
@@ -99,6 +99,7 @@ class Runtime:
             max_concurrent_runs=settings.agent.max_concurrent_runs,
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             router=router,
+            quota=_quota(settings),
         )
         return cls(settings, store, models, manager, profiles)
 
@@ -116,6 +117,16 @@ class Runtime:
         for model in self.models:
             await model.aclose()
         await self.store.aclose()
+
+
+def _quota(settings: Settings) -> QuotaPolicy:
+    q = settings.quotas
+    return QuotaPolicy(
+        credits_per_run=None if q.credits_per_run == "limits" else float(q.credits_per_run),
+        user_daily=q.user_daily_credits,
+        channel_daily=q.channel_daily_credits,
+        message=q.message,
+    )
 
 
 def _profile(

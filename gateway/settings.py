@@ -34,6 +34,7 @@ from gateway.agents_config import (
     BindingSettings,
     ModelEndpoint,
     ModelSettings,
+    QuotaSettings,
     ResolvedAgent,
     ToolsSettings,
 )
@@ -129,6 +130,7 @@ class Settings(BaseSettings):
     agents: dict[str, AgentOverride] = Field(default_factory=dict)
     bindings: list[BindingSettings] = Field(default_factory=list)
     tools: ToolsSettings = ToolsSettings()
+    quotas: QuotaSettings = QuotaSettings()
     channels: ChannelsSettings = ChannelsSettings()
 
     def resolved_agents(self) -> dict[str, ResolvedAgent]:

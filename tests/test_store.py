@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, Sender
-from core.store import InboxStatus, RunRecord, SqliteStore, Store
+from core.store import InboxStatus, Quota, RunRecord, SqliteStore, Store
 from core.store.postgres import PostgresStore
 from tests.conftest import pg_schema
 
@@ -563,7 +563,30 @@ async def test_migrations_are_idempotent(open_store: Opener) -> None:
     await first.put_inbound(S1, msg(text="kept"), 10)
     second = await open_store()  # applies nothing twice, loses nothing
     assert [i.message.text for i in await second.pending(S1)] == ["kept"]
-    assert await query(second, "SELECT version FROM schema_version") == [(1,)]
+    assert await query(second, "SELECT version FROM schema_version ORDER BY version") == [
+        (1,),
+        (2,),
+    ]
+
+
+async def test_an_old_schema_is_migrated_forward_keeping_its_data(
+    open_store: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import core.store.postgres as pg_module
+    import core.store.sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "MIGRATIONS", sqlite_module.MIGRATIONS[:1])
+    monkeypatch.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:1])
+    old = await open_store()
+    await old.put_inbound(S1, msg(text="from v1"), 10)
+    await old.aclose()
+    monkeypatch.undo()
+    new = await open_store()
+    assert [i.message.text for i in await new.pending(S1)] == ["from v1"]
+    assert await new.reserve_usage("2026-01-01", 1.0, [Quota("user", "u", 5.0)]) is None  # v2
+    assert await new.usage("2026-01-01", "user", "u") == 1.0
+    versions = await query(new, "SELECT version FROM schema_version ORDER BY version")
+    assert versions == [(1,), (2,)]
 
 
 async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:

@@ -120,6 +120,10 @@ class AgentLoop:
         self._tools = tools
         self._limits = limits
 
+    @property
+    def limits(self) -> Limits:
+        return self._limits
+
     async def run(self, turn: Turn, emit: EventSink) -> RunOutcome:
         out = RunOutcome(text="", state=copy.deepcopy(turn.state))
         started = time.monotonic()

@@ -13,6 +13,7 @@ __all__ = [
     "InboxItem",
     "InboxStatus",
     "PutResult",
+    "Quota",
     "RunRecord",
     "SessionRecord",
     "Store",
@@ -68,6 +69,13 @@ class SessionRecord:
     state: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Quota:
+    scope: str  # "user" | "channel"
+    key: str
+    limit: float
+
+
 @dataclass(slots=True)
 class RunRecord:
     """A run as data: what it did, what it cost, which limits it hit, how it ended."""
@@ -81,6 +89,7 @@ class RunRecord:
     tool_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    credits: float = 0.0
     limits_hit: list[str] = field(default_factory=list)
     error: str | None = None
     inbox_ids: list[int] = field(default_factory=list)
@@ -174,6 +183,16 @@ class Store(Protocol):
     async def kv_get(self, namespace: str, key: str) -> str | None: ...
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None: ...
+
+    # quotas: daily usage counters
+    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+        """Add `amount` to every counter in one transaction if none would pass its limit;
+        otherwise change nothing and return the first quota that would be exceeded."""
+
+    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
+        """Give back a reservation (the run failed before producing anything)."""
+
+    async def usage(self, day: str, scope: str, key: str) -> float: ...
 
     # leases: one runner per session, across processes
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool: ...

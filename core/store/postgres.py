@@ -26,6 +26,7 @@ from core.store.base import (
     InboxItem,
     InboxStatus,
     PutResult,
+    Quota,
     RunRecord,
     SessionRecord,
     TranscriptEntry,
@@ -446,6 +447,56 @@ class PostgresStore:
                 time.time(),
             )
 
+    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+        try:
+            async with self._conn(tx=True) as c:
+                for q in limits:
+                    # the upsert locks the counter row: concurrent reservations queue here
+                    used = await c.fetchval(
+                        "INSERT INTO usage (day, scope, key, used) VALUES ($1, $2, $3, 0)"
+                        " ON CONFLICT (day, scope, key) DO UPDATE SET used = usage.used"
+                        " RETURNING used",
+                        day,
+                        q.scope,
+                        q.key,
+                    )
+                    if used + amount > q.limit:
+                        raise _Refused(q)  # rolls the transaction back
+                for q in limits:
+                    await c.execute(
+                        "UPDATE usage SET used = used + $1 WHERE day = $2 AND scope = $3"
+                        " AND key = $4",
+                        amount,
+                        day,
+                        q.scope,
+                        q.key,
+                    )
+        except _Refused as refused:
+            return refused.quota
+        return None
+
+    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
+        async with self._conn(tx=True) as c:
+            for q in limits:
+                await c.execute(
+                    "UPDATE usage SET used = greatest(used - $1, 0) WHERE day = $2 AND scope = $3"
+                    " AND key = $4",
+                    amount,
+                    day,
+                    q.scope,
+                    q.key,
+                )
+
+    async def usage(self, day: str, scope: str, key: str) -> float:
+        async with self._conn() as c:
+            used = await c.fetchval(
+                "SELECT used FROM usage WHERE day = $1 AND scope = $2 AND key = $3",
+                day,
+                scope,
+                key,
+            )
+        return float(used or 0.0)
+
     # leases, on the database clock
 
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
@@ -482,6 +533,12 @@ class PostgresStore:
             )
 
 
+class _Refused(Exception):
+    def __init__(self, quota: Quota) -> None:
+        super().__init__(quota.scope)
+        self.quota = quota
+
+
 async def _insert_history(
     c: asyncpg.Connection,
     session: str,
@@ -507,13 +564,14 @@ async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
     d = asdict(run)
     await c.execute(
         "INSERT INTO runs (id, session, status, started_at, ended_at, steps, tool_calls,"
-        " input_tokens, output_tokens, limits_hit, error, inbox_ids, detail)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+        " input_tokens, output_tokens, limits_hit, error, inbox_ids, detail, credits)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
         " ON CONFLICT (id) DO UPDATE SET status = excluded.status,"
         " ended_at = excluded.ended_at, steps = excluded.steps,"
         " tool_calls = excluded.tool_calls, input_tokens = excluded.input_tokens,"
         " output_tokens = excluded.output_tokens, limits_hit = excluded.limits_hit,"
-        " error = excluded.error, inbox_ids = excluded.inbox_ids, detail = excluded.detail",
+        " error = excluded.error, inbox_ids = excluded.inbox_ids, detail = excluded.detail,"
+        " credits = excluded.credits",
         run.id,
         run.session,
         run.status,
@@ -527,6 +585,7 @@ async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
         run.error,
         json.dumps(d["inbox_ids"]),
         json.dumps(d["detail"], default=str),
+        run.credits,
     )
 
 

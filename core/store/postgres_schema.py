@@ -80,4 +80,16 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_session ON runs (session, started_at);
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1)]
+# v2: credits per run, and daily usage counters for quotas
+V2 = """
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS credits DOUBLE PRECISION NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS usage (
+    day TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    used DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (day, scope, key)
+);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2)]

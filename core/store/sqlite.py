@@ -27,6 +27,7 @@ from core.store.base import (
     InboxItem,
     InboxStatus,
     PutResult,
+    Quota,
     RunRecord,
     SessionRecord,
     TranscriptEntry,
@@ -488,6 +489,48 @@ class SqliteStore:
 
         await self._write(op)
 
+    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+        async def op(c: aiosqlite.Connection) -> Quota | None:
+            for q in limits:
+                row = await _fetchone(
+                    c,
+                    "SELECT used FROM usage WHERE day = ? AND scope = ? AND key = ?",
+                    (day, q.scope, q.key),
+                )
+                if (row[0] if row else 0.0) + amount > q.limit:
+                    return q
+            for q in limits:
+                await c.execute(
+                    "INSERT INTO usage (day, scope, key, used) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (day, scope, key) DO UPDATE SET used = used + excluded.used",
+                    (day, q.scope, q.key, amount),
+                )
+            return None
+
+        refused: Quota | None = await self._write(op)
+        return refused
+
+    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            for q in limits:
+                await c.execute(
+                    "UPDATE usage SET used = max(used - ?, 0) WHERE day = ? AND scope = ?"
+                    " AND key = ?",
+                    (amount, day, q.scope, q.key),
+                )
+
+        await self._write(op)
+
+    async def usage(self, day: str, scope: str, key: str) -> float:
+        row = await self._read(
+            lambda c: _fetchone(
+                c,
+                "SELECT used FROM usage WHERE day = ? AND scope = ? AND key = ?",
+                (day, scope, key),
+            )
+        )
+        return float(row[0]) if row else 0.0
+
     # leases
 
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
@@ -572,8 +615,8 @@ async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
     d = asdict(run)
     await c.execute(
         "INSERT OR REPLACE INTO runs (id, session, status, started_at, ended_at, steps,"
-        " tool_calls, input_tokens, output_tokens, limits_hit, error, inbox_ids, detail)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " tool_calls, input_tokens, output_tokens, credits, limits_hit, error, inbox_ids,"
+        " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             run.id,
             run.session,
@@ -584,6 +627,7 @@ async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
             run.tool_calls,
             run.input_tokens,
             run.output_tokens,
+            run.credits,
             json.dumps(d["limits_hit"]),
             run.error,
             json.dumps(d["inbox_ids"]),

@@ -1,0 +1,123 @@
+"""Usage and quotas: credits per run, daily per-user and per-channel limits reserved
+atomically before the run, released when the model fails before producing anything."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest_asyncio
+
+from core.agent.loop import AgentLoop, Limits
+from core.agent.tools import ToolRegistry
+from core.errors import ModelError
+from core.models import InboundMessage, Sender, SessionKey
+from core.sessions import AgentProfile, DeliveryPolicy, QuotaPolicy, SessionManager
+from core.store import Quota, Store
+from tests.fakes import RecordingOutlet, ScriptedModel, text
+
+DAY = "2026-11-29"
+
+
+async def test_only_one_of_many_concurrent_reservations_takes_the_last_slot(store: Store) -> None:
+    limit = [Quota("user", "web:default:ana", 3.0)]
+    assert await store.reserve_usage(DAY, 2.0, limit) is None
+    results = await asyncio.gather(*(store.reserve_usage(DAY, 1.0, limit) for _ in range(10)))
+    assert results.count(None) == 1
+    assert await store.usage(DAY, "user", "web:default:ana") == 3.0
+    await store.release_usage(DAY, 1.0, limit)
+    assert await store.usage(DAY, "user", "web:default:ana") == 2.0
+
+
+async def test_a_refused_reservation_changes_no_counter(store: Store) -> None:
+    both = [Quota("user", "u", 10.0), Quota("channel", "c", 1.0)]
+    assert await store.reserve_usage(DAY, 1.0, both) is None
+    refused = await store.reserve_usage(DAY, 1.0, both)
+    assert refused == Quota("channel", "c", 1.0)
+    assert await store.usage(DAY, "user", "u") == 1.0
+
+
+class FailingModel(ScriptedModel):
+    async def complete(self, request: Any, on_delta: Any = None) -> Any:
+        self.requests.append(request)
+        raise ModelError("down")
+
+
+@pytest_asyncio.fixture
+async def make(store: Store) -> AsyncIterator[Any]:
+    managers: list[SessionManager] = []
+
+    async def build(
+        model: ScriptedModel, quota: QuotaPolicy
+    ) -> tuple[SessionManager, RecordingOutlet]:
+        outlet = RecordingOutlet()
+        profile = AgentProfile(
+            name="default", instructions="x", loop=AgentLoop(model, ToolRegistry(), Limits())
+        )
+        manager = SessionManager(
+            store,
+            {"default": profile},
+            {"test": outlet},
+            delivery=DeliveryPolicy(base_delay_s=0.01),
+            quota=quota,
+        )
+        await manager.start()
+        managers.append(manager)
+        return manager, outlet
+
+    yield build
+    for m in managers:
+        await m.aclose(grace_s=1)
+
+
+def _msg(t: str, pid: str, sender: str = "ana", convo: str = "c1") -> InboundMessage:
+    return InboundMessage(
+        channel="test", conversation=convo, sender=Sender(id=sender), text=t, platform_id=pid
+    )
+
+
+async def _settle(manager: SessionManager) -> None:
+    await asyncio.wait_for(manager.wait_idle(), 10)
+
+
+async def test_over_quota_gets_a_polite_message_and_no_model_call(make: Any, store: Store) -> None:
+    model = ScriptedModel()
+    model.add(text("first answer"), text("second answer"))
+    policy = QuotaPolicy(credits_per_run=1.0, user_daily=2.0, message="Limit reached for today.")
+    manager, outlet = await make(model, policy)
+    for i in range(3):
+        await manager.submit(_msg(f"q{i}", str(i)))
+        await _settle(manager)
+    assert outlet.texts() == ["first answer", "second answer", "Limit reached for today."]
+    assert len(model.requests) == 2
+    await manager.submit(_msg("other person", "9", sender="bob", convo="c2"))
+    model.add(text("bob's answer"))
+    await _settle(manager)
+    assert outlet.texts(SessionKey("default", "test", "default", "c2")) == ["bob's answer"]
+
+
+async def test_model_failure_before_anything_releases_the_reservation(
+    make: Any, store: Store
+) -> None:
+    policy = QuotaPolicy(credits_per_run=5.0, channel_daily=100.0)
+    manager, outlet = await make(FailingModel(), policy)
+    await manager.submit(_msg("hello", "1"))
+    await _settle(manager)
+    assert "Sorry" in outlet.texts()[0]
+    assert await store.usage(_today(), "channel", "test:default") == 0.0
+
+
+async def test_credits_are_charged_per_run(make: Any, store: Store) -> None:
+    model = ScriptedModel()
+    model.add(text("a"))
+    manager, _ = await make(model, QuotaPolicy(credits_per_run=None, channel_daily=1000.0))
+    await manager.submit(_msg("hello", "1"))
+    await _settle(manager)
+    assert await store.usage(_today(), "channel", "test:default") == 7.0  # 7000 tokens / 1000
+
+
+def _today() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d", time.gmtime())
