@@ -20,6 +20,7 @@ __all__ = [
     "AgentOverride",
     "AgentSettings",
     "BindingSettings",
+    "FallbackModelSettings",
     "HttpToolSettings",
     "LimitsSettings",
     "ModelSettings",
@@ -41,17 +42,22 @@ class _Section(BaseModel):
 
 
 class ModelEndpoint(_Section):
-    provider: Literal["offline", "openai", "anthropic"] = "offline"
+    provider: Literal["offline", "openai", "anthropic", "scripted"] = "offline"
     base_url: str | None = None
     api_key: SecretStr | None = None
     name: str | None = None
     timeout_s: float = Field(default=60.0, gt=0, le=600)
     stream: bool = True
     max_retries: int = Field(default=3, ge=0, le=10)
+    script: str | None = None  # provider "scripted": a JSON file of steps to replay
+
+
+class FallbackModelSettings(ModelEndpoint):
+    cooldown_s: float = Field(default=30.0, ge=0, le=3600)  # fallback first for this long
 
 
 class ModelSettings(ModelEndpoint):
-    fallback: ModelEndpoint | None = None  # asked when this model fails before answering
+    fallback: FallbackModelSettings | None = None  # asked when this model fails first
 
 
 class LimitsSettings(_Section):

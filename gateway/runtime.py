@@ -11,16 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from channels.base import ChannelAdapter
+from core.agent.anthropic import DEFAULT_BASE_URL, AnthropicClient
+from core.agent.fallback import FallbackModel
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
 from core.agent.offline import OfflineModel
 from core.agent.openai import OpenAIClient, RetryPolicy
+from core.agent.scripted import ScriptedModel
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
 from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
 from core.store import SqliteStore, Store
-from gateway.agents_config import AgentSettings, ModelEndpoint
+from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
 from gateway.settings import Settings
 from gateway.tools import agent_tools
 
@@ -38,13 +41,33 @@ def build_store(settings: Settings) -> Store:
     return SqliteStore(settings.sqlite_path())
 
 
-def build_model(m: ModelEndpoint) -> ModelClient:
+def build_model(m: ModelSettings) -> ModelClient:
+    """The configured model, wrapped with its fallback when one is set."""
+    primary = _client(m)
+    if m.fallback is None:
+        return primary
+    return FallbackModel(primary, _client(m.fallback), cooldown_s=m.fallback.cooldown_s)
+
+
+def _client(m: ModelEndpoint) -> ModelClient:
+    key = m.api_key.get_secret_value() if m.api_key else None
+    if m.provider == "anthropic":
+        return AnthropicClient(
+            model=m.name or "",
+            api_key=key,
+            base_url=m.base_url or DEFAULT_BASE_URL,
+            timeout_s=m.timeout_s,
+            stream=m.stream,
+            retry=RetryPolicy(attempts=m.max_retries),
+        )
+    if m.provider == "scripted":
+        return ScriptedModel.from_file(m.script or "", key="model.script")
     if m.provider == "offline":
         return OfflineModel(delay_s=0.02)
     return OpenAIClient(
         base_url=m.base_url or "https://api.openai.com/v1",
         model=m.name or "",
-        api_key=m.api_key.get_secret_value() if m.api_key else None,
+        api_key=key,
         timeout_s=m.timeout_s,
         stream=m.stream,
         retry=RetryPolicy(attempts=m.max_retries),

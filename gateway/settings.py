@@ -26,6 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
+from core.agent.scripted import load_script
 from core.errors import ConfigError
 from gateway.agents_config import (
     DEFAULT_AGENT,
@@ -262,12 +263,20 @@ def _model_problems(key: str, m: ModelEndpoint) -> list[tuple[str, str]]:
     p: list[tuple[str, str]] = []
     if m.provider == "openai" and not m.name:
         p.append((f"{key}.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
-    if m.provider == "anthropic":
-        p.append((f"{key}.provider", '"anthropic" is not available in this version yet'))
+    if m.provider == "anthropic" and not m.name:
+        p.append((f"{key}.name", 'required for provider "anthropic" (e.g. "claude-sonnet-4-5")'))
     if m.base_url is not None and not m.base_url.startswith(("http://", "https://")):
         p.append((f"{key}.base_url", "must be an http:// or https:// URL"))
-    if m.provider == "openai" and m.base_url is None and m.api_key is None:
-        p.append((f"{key}.api_key", "required for the OpenAI API (or set base_url)"))
+    if m.provider in ("openai", "anthropic") and m.base_url is None and m.api_key is None:
+        p.append((f"{key}.api_key", f"required for the {m.provider} API (or set base_url)"))
+    if m.provider == "scripted":
+        if not m.script:
+            p.append((f"{key}.script", 'required for provider "scripted"'))
+        else:
+            try:
+                load_script(m.script, key=f"{key}.script")
+            except ConfigError as exc:
+                p.extend(exc.problems)
     if isinstance(m, ModelSettings) and m.fallback is not None:
         p.extend(_model_problems(f"{key}.fallback", m.fallback))
     return p
@@ -323,6 +332,15 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
                 (f"channels.{name}.enabled", "this channel is not available in this version yet")
             )
     for name, agent in s.resolved_agents().items():
+        m, run_timeout = agent.model, agent.settings.limits.run_timeout_s
+        if m.fallback is not None and m.timeout_s * (m.max_retries + 1) >= run_timeout:
+            w.append(
+                (
+                    "model.fallback" if name == DEFAULT_AGENT else f"agents.{name}.model.fallback",
+                    "the run times out before the first model's retries end, so the fallback "
+                    "is never asked; lower model.timeout_s or max_retries",
+                )
+            )
         if agent.draft:
             w.append((f"agents.{name}", "draft (no instructions, or draft = true): not served"))
     if not (

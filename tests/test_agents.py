@@ -80,6 +80,10 @@ def test_agents_inherit_from_agent_and_model(tmp_path: Path) -> None:
             "agents.x.model.name",
         ),
         ('[model.fallback]\nprovider = "openai"\nbase_url = "http://h"\n', "model.fallback.name"),
+        ('[model]\nprovider = "anthropic"\napi_key = "k"\n', "model.name"),
+        ('[model]\nprovider = "anthropic"\nname = "claude"\n', "model.api_key"),
+        ('[model]\nprovider = "scripted"\n', "model.script"),
+        ('[model]\nprovider = "scripted"\nscript = "no/such.json"\n', "model.script"),
     ],
 )
 def test_agent_and_binding_problems_name_their_key(tmp_path: Path, body: str, key: str) -> None:
@@ -132,3 +136,26 @@ async def test_bindings_route_conversations_to_agents_with_their_own_tools(
     assert by_text["vip"][1] == ["current_time"]
     assert by_text["other"][0].startswith("You are the front desk.")
     assert "search_knowledge" in by_text["other"][1]
+
+
+def test_models_are_built_with_their_fallback(tmp_path: Path) -> None:
+    from core.agent.anthropic import AnthropicClient
+    from core.agent.fallback import FallbackModel
+    from gateway.runtime import build_model
+
+    s = load_settings(
+        _write(
+            tmp_path,
+            '[model]\nprovider = "anthropic"\nname = "claude"\napi_key = "k"\ntimeout_s = 5\n'
+            "max_retries = 1\n"
+            '[model.fallback]\nprovider = "offline"\ncooldown_s = 5\n',
+        )
+    )
+    model = build_model(s.model)
+    assert isinstance(model, FallbackModel)
+    assert isinstance(model._primary, AnthropicClient)
+    assert settings_warnings(s) == []
+    slow = load_settings(
+        _write(tmp_path, '[model]\ntimeout_s = 60\n[model.fallback]\nprovider = "offline"\n')
+    )
+    assert "model.fallback" in [k for k, _ in settings_warnings(slow)]
