@@ -12,6 +12,7 @@ from typing import Protocol
 from core.errors import ChannelError
 from core.models import OutboundPart, SessionKey
 from core.store.base import Store
+from core.telemetry import NullTelemetry, Telemetry
 
 __all__ = ["DeliveryPolicy", "Outbox", "Outlet"]
 
@@ -41,10 +42,17 @@ class Outbox:
     """Sends what the store holds for a session. The caller serializes calls per session (the
     session's runner does), which is what keeps parts in order."""
 
-    def __init__(self, store: Store, outlets: Mapping[str, Outlet], policy: DeliveryPolicy) -> None:
+    def __init__(
+        self,
+        store: Store,
+        outlets: Mapping[str, Outlet],
+        policy: DeliveryPolicy,
+        telemetry: Telemetry | None = None,
+    ) -> None:
         self._store = store
         self._outlets = outlets
         self._policy = policy
+        self._telemetry: Telemetry = telemetry or NullTelemetry()
 
     async def deliver_pending(self, key: SessionKey) -> None:
         for part in await self._store.outbox_pending(str(key)):
@@ -61,15 +69,21 @@ class Outbox:
                 platform_id = await outlet.send(key, part)
             except ChannelError as exc:
                 error, retryable, retry_after = str(exc), exc.retryable, exc.retry_after
+                limited = retry_after is not None
             except Exception as exc:
                 log.exception("send failed", extra={"session": str(key), "channel": key.channel})
                 error, retryable, retry_after = type(exc).__name__, True, None
+                limited = False
             else:
                 await self._store.mark_sent(part.id, platform_id)
+                self._telemetry.send(key.channel, "sent")
                 return
             attempts += 1
             permanent = not retryable or attempts >= self._policy.max_attempts
             await self._store.mark_failed(part.id, error[:500], permanent=permanent)
+            self._telemetry.send(
+                key.channel, "failed" if permanent else "retry", rate_limited=limited
+            )
             if permanent:
                 log.error(
                     "giving up on reply part %d: %s",

@@ -28,6 +28,7 @@ from core.models import InboundMessage, MessageKind, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
 from core.routing import Router
 from core.store.base import InboxItem, InboxStatus, PutResult, Quota, RunRecord, Store
+from core.telemetry import NullTelemetry, Telemetry
 
 __all__ = [
     "AgentProfile",
@@ -138,6 +139,7 @@ class SessionManager:
         delivery: DeliveryPolicy | None = None,
         router: Router | None = None,
         quota: QuotaPolicy | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -145,7 +147,8 @@ class SessionManager:
         self.quota = quota or QuotaPolicy()
         self.outlets = outlets
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
-        self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy())
+        self.telemetry: Telemetry = telemetry or NullTelemetry()
+        self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy(), self.telemetry)
         self._slots = asyncio.Semaphore(max_concurrent_runs)
         self._runners: dict[str, _Runner] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -217,6 +220,7 @@ class SessionManager:
         profile = self.agents.get(agent)
         max_pending = profile.policy.max_pending if profile else 100
         result = await self.store.put_inbound(str(key), msg, max_pending)
+        self.telemetry.inbound(msg.channel, str(result.status))
         if result.status is InboxStatus.PENDING:
             self._wake(key, arrived=True)
         elif result.status is InboxStatus.OVERFLOW:
@@ -226,6 +230,10 @@ class SessionManager:
     def active(self) -> int:
         """Sessions with a runner in memory (a turn running, queued, or replies to deliver)."""
         return len(self._runners)
+
+    def running(self) -> int:
+        """Runs executing now (at most max_concurrent_runs)."""
+        return sum(1 for r in self._runners.values() if r.turn_task is not None)
 
     async def wait_idle(self) -> None:
         """Return once no session has work in progress."""
@@ -489,6 +497,7 @@ class _Runner:
                 await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
             with contextlib.suppress(StoreError):
                 await asyncio.shield(self.mgr.store.record_run(run))
+            self._report(run)
             if current is not None and current.cancelling():
                 raise
             return
@@ -523,6 +532,22 @@ class _Runner:
             )
         if live is not None:
             await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
+        self._report(run)
+
+    def _report(self, run: RunRecord) -> None:
+        t = self.mgr.telemetry
+        seconds = (run.ended_at or time.time()) - run.started_at
+        t.run_done(
+            self.key.agent,
+            self.key.channel,
+            run.status,
+            seconds,
+            run.input_tokens,
+            run.output_tokens,
+        )
+        for call in run.detail.get("calls", []):
+            if "seconds" in call:
+                t.model_call(call["seconds"])
 
     async def _refuse(self, run: RunRecord, quota: Quota) -> None:
         """Over quota: a polite answer, no model call; the messages count as answered."""
@@ -532,6 +557,7 @@ class _Runner:
         await self.mgr.store.complete_turn(
             self.mgr.owner, run, "\n\n".join(self.batch_texts), [Reply(text=self.mgr.quota.message)]
         )
+        self._report(run)
 
     async def _steer(self) -> list[str]:
         """Messages that arrived since the turn started, up to the next command."""

@@ -6,7 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from channels.base import HttpRoutes, Lifecycle
@@ -17,14 +17,14 @@ from core.store import Store
 from gateway import webchat
 from gateway.channels import build_channels, channel_context
 from gateway.http import error_middleware
-from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
+from gateway.keys import METRICS, RUNTIME, SETTINGS, WEBCHAT
+from gateway.metrics import Metrics
 from gateway.runtime import Runtime, build_store
 from gateway.settings import Settings
 
 __all__ = ["build_app"]
 
 log = logging.getLogger(__name__)
-METRICS = web.AppKey("metrics", CollectorRegistry)
 
 
 def build_app(
@@ -46,11 +46,22 @@ def build_app(
     if settings.channels.web.enabled:
         channels[chat.name] = chat
         webchat.add_routes(app)
-    runtime = Runtime.build(settings, channels, store=store, model=model)
+    telemetry = Metrics()
+    runtime = Runtime.build(settings, channels, store=store, model=model, telemetry=telemetry)
     ctx.bind(runtime.manager.submit, runtime.manager.notify, runtime.manager.session_key)
     app[RUNTIME] = runtime
     background: list[Lifecycle] = [a for a in channels.values() if isinstance(a, Lifecycle)]
-    app[METRICS] = _metrics(runtime)
+    app[METRICS] = telemetry
+    telemetry.gauge(
+        "switchboard_active_sessions",
+        "Sessions with a runner on this replica (holding their lease): work in progress.",
+        lambda: runtime.manager.active(),
+    )
+    telemetry.gauge(
+        "switchboard_runs_in_progress",
+        "Runs executing now on this replica.",
+        lambda: runtime.manager.running(),
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
@@ -90,16 +101,5 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS])
+    body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def _metrics(runtime: Runtime) -> CollectorRegistry:
-    registry = CollectorRegistry()
-    active = Gauge(
-        "switchboard_active_sessions",
-        "Sessions with a runner in memory (work in progress or queued).",
-        registry=registry,
-    )
-    active.set_function(lambda: runtime.manager.active())
-    return registry

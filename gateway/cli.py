@@ -30,6 +30,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="switchboard", description="One AI agent on WhatsApp, Telegram, Slack and the web."
     )
     parser.add_argument("--log-level", default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=("auto", "json", "text"),
+        default=os.environ.get("SWITCHBOARD_LOG_FORMAT", "auto"),
+        help="auto: readable in a terminal, one JSON object per line otherwise",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("run", "serve the gateway"),
@@ -44,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = tg_sub.add_parser("set-webhook", help=text, description=text)
     cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
     args = parser.parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:

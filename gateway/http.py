@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from core.errors import StoreError
+from gateway.keys import METRICS
 
 __all__ = ["error_middleware", "json_error", "read_json"]
 
@@ -24,6 +25,16 @@ def json_error(status: int, reason: str) -> web.Response:
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error is JSON with a reason; nothing a client sends can produce a 500."""
+    response = await _handle(request, handler)
+    metrics = request.app.get(METRICS)
+    if metrics is not None:
+        route = request.match_info.route.resource
+        name = route.canonical if route is not None else "unmatched"
+        metrics.http_total.labels(name, str(response.status)).inc()
+    return response
+
+
+async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
     max_body = request.app._client_max_size
     if request.content_length is not None and request.content_length > max_body:
         return json_error(413, f"body larger than {max_body} bytes")

@@ -5,11 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 
 from channels.web import WebChat
+from gateway.metrics import Metrics
 from gateway.runtime import Runtime
 from gateway.settings import Settings
 
-__all__ = ["RUNTIME", "SETTINGS", "WEBCHAT"]
+__all__ = ["METRICS", "RUNTIME", "SETTINGS", "WEBCHAT"]
 
 SETTINGS = web.AppKey("settings", Settings)
 RUNTIME = web.AppKey("runtime", Runtime)
 WEBCHAT = web.AppKey("webchat", WebChat)
+METRICS = web.AppKey("metrics", Metrics)

@@ -1,29 +1,54 @@
-"""Log lines that carry the session, channel and run they are about."""
+"""Logs: one JSON object per line for machines, readable lines in a terminal; both carry the
+session, channel and run they are about."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
+from typing import Literal
 
 __all__ = ["setup_logging"]
 
 CONTEXT = ("session", "channel", "run_id")
+Format = Literal["auto", "json", "text"]
 
 
-class _ContextFormatter(logging.Formatter):
+class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         extras = [f"{k}={getattr(record, k)}" for k in CONTEXT if hasattr(record, k)]
         return f"{line} {' '.join(extras)}" if extras else line
 
 
-def setup_logging(level: str = "INFO") -> None:
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key in CONTEXT:
+            if hasattr(record, key):
+                entry[key] = getattr(record, key)
+        if record.exc_info:
+            entry["error"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
     handler.setFormatter(
-        _ContextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+        _JsonFormatter()
+        if use_json
+        else _TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
-    logging.getLogger("aiosqlite").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for noisy in ("aiosqlite", "httpx", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

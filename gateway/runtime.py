@@ -23,6 +23,7 @@ from core.knowledge import KnowledgeBase
 from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
 from core.store import SqliteStore, Store
+from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
 from gateway.settings import Settings
 from gateway.tools import agent_tools
@@ -92,6 +93,7 @@ class Runtime:
         *,
         store: Store | None = None,
         model: ModelClient | None = None,
+        telemetry: Telemetry | None = None,
     ) -> Runtime:
         """`model` replaces every agent's configured model (tests, benchmarks)."""
         rules = {name: ch.output_rules for name, ch in channels.items()}
@@ -123,6 +125,7 @@ class Runtime:
             owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
             router=router,
             quota=_quota(settings),
+            telemetry=telemetry,
         )
         return cls(settings, store, models, manager, profiles)
 

@@ -195,7 +195,9 @@ class AgentLoop:
                 max_tokens=max_tokens,
                 temperature=lim.temperature,
             )
+            call_started = time.monotonic()
             response = await self._model.complete(request, on_delta)
+            call_seconds = time.monotonic() - call_started
             if rest := visible.flush():
                 await emit(TextDelta(turn.run_id, rest))
             out.steps = step
@@ -203,7 +205,7 @@ class AgentLoop:
             used_out = response.output_tokens or estimate_tokens(response.text)
             out.input_tokens += used_in
             out.output_tokens += used_out
-            out.calls.append(_call_record(step, final, response, used_in, used_out))
+            out.calls.append(_call_record(step, final, response, used_in, used_out, call_seconds))
             prev_input, sent_upto = used_in, len(messages)
             if response.finish_reason == "length" and "max_output_tokens" not in out.limits_hit:
                 out.limits_hit.append("max_output_tokens")
@@ -290,10 +292,11 @@ class AgentLoop:
 
 
 def _call_record(
-    step: int, final: bool, response: ModelResponse, used_in: int, used_out: int
+    step: int, final: bool, response: ModelResponse, used_in: int, used_out: int, seconds: float
 ) -> dict[str, Any]:
     return {
         "step": step,
+        "seconds": round(seconds, 4),
         "final": final,
         "input_tokens": used_in,
         "output_tokens": used_out,
