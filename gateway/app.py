@@ -75,9 +75,11 @@ def build_app(
                 started.append(service)
             yield
         finally:
+            # drain first: replies of the runs finishing in the grace period still go out
+            await runtime.manager.aclose(settings.server.shutdown_grace_s)
             for service in reversed(started):
                 await service.aclose()
-            await runtime.aclose(settings.server.shutdown_grace_s)
+            await runtime.aclose()
 
     async def close_streams(app: web.Application) -> None:
         chat.close()

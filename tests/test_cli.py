@@ -137,7 +137,7 @@ def test_env_override_error_exits_2_naming_the_key() -> None:
         assert_no_traceback(proc)
 
 
-def test_check_prints_warnings_for_unavailable_channels(tmp_path: Path) -> None:
+def test_check_never_prints_secrets(tmp_path: Path) -> None:
     path = tmp_path / "tg.toml"
     path.write_text(
         '[channels.telegram]\nenabled = true\nmode = "polling"\ntoken = "123:abc"\n',
@@ -145,7 +145,7 @@ def test_check_prints_warnings_for_unavailable_channels(tmp_path: Path) -> None:
     )
     proc = cli("check", "--config", str(path))
     assert proc.returncode == 0, proc.stderr
-    assert "warning: channels.telegram.enabled" in proc.stderr
+    assert "telegram" in proc.stdout
     assert "123:abc" not in proc.stdout + proc.stderr  # secrets are never printed
 
 

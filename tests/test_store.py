@@ -615,3 +615,17 @@ async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_delivery_reports_only_move_forward(store: Store) -> None:
+    (part,) = await store.enqueue_replies(S1, [Reply(text="hi")])
+    await store.mark_sent(part.id, "wamid.1")
+    assert await store.update_delivery("web", "wamid.1", "read")
+    assert await store.update_delivery("web", "wamid.1", "delivered")  # late: known, ignored
+    assert await store.delivery(part.id) == ("sent", "read", None)
+    assert await store.update_delivery("web", "wamid.1", "failed", "131026")
+    assert await store.delivery(part.id) == ("sent", "failed", "131026")
+    assert not await store.update_delivery("web", "wamid.unknown", "read")
+    await store.kv_set("ns", "k", "v")
+    await store.kv_delete("ns", "k")
+    assert await store.kv_get("ns", "k") is None

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from core.models import InboundMessage, OutboundPart, Reply
 
 __all__ = [
+    "DELIVERY_RANK",
     "HistoryEntry",
     "InboxItem",
     "InboxStatus",
@@ -18,7 +19,20 @@ __all__ = [
     "SessionRecord",
     "Store",
     "TranscriptEntry",
+    "delivery_rank",
 ]
+
+
+# delivery reports only move forward: sent < delivered < read; failed is final
+DELIVERY_RANK = (
+    "CASE coalesce(delivery, '') WHEN 'failed' THEN 4 WHEN 'read' THEN 3"
+    " WHEN 'delivered' THEN 2 WHEN 'sent' THEN 1 ELSE 0 END"
+)
+
+
+def delivery_rank(status: str) -> int:
+    """Where a delivery report stands; an update must rank above the stored one."""
+    return {"sent": 1, "delivered": 2, "read": 3, "failed": 5}.get(status, 1)
 
 
 class InboxStatus(StrEnum):
@@ -171,7 +185,8 @@ class Store(Protocol):
         self, channel: str, platform_id: str, status: str, error: str | None = None
     ) -> bool:
         """Record a platform's delivery report (sent, delivered, read, failed) for the part it
-        confirmed under `platform_id`. False when no such part is known."""
+        confirmed under `platform_id`; reports only move forward (a late "delivered" never
+        replaces "read"). False when no such part is known."""
 
     async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
         """(outbox status, platform delivery status, last error) of a reply part."""
@@ -183,6 +198,8 @@ class Store(Protocol):
     async def kv_get(self, namespace: str, key: str) -> str | None: ...
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None: ...
+
+    async def kv_delete(self, namespace: str, key: str) -> None: ...
 
     # quotas: daily usage counters
     async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:

@@ -22,6 +22,7 @@ import asyncpg
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.store.base import (
+    DELIVERY_RANK,
     HistoryEntry,
     InboxItem,
     InboxStatus,
@@ -30,6 +31,7 @@ from core.store.base import (
     RunRecord,
     SessionRecord,
     TranscriptEntry,
+    delivery_rank,
 )
 from core.store.postgres_schema import MIGRATIONS
 
@@ -405,13 +407,21 @@ class PostgresStore:
         async with self._conn() as c:
             result = await c.execute(
                 "UPDATE outbox SET delivery = $1, error = coalesce($2, error)"
-                " WHERE channel = $3 AND platform_id = $4",
+                f" WHERE channel = $3 AND platform_id = $4 AND {DELIVERY_RANK} < $5",
                 status,
                 error,
                 channel,
                 platform_id,
+                delivery_rank(status),
             )
-        return not result.endswith(" 0")
+            if not result.endswith(" 0"):
+                return True
+            known = await c.fetchval(
+                "SELECT 1 FROM outbox WHERE channel = $1 AND platform_id = $2",
+                channel,
+                platform_id,
+            )
+        return known is not None
 
     async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
         async with self._conn() as c:
@@ -434,6 +444,12 @@ class PostgresStore:
                 "SELECT value FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
             )
         return None if value is None else str(value)
+
+    async def kv_delete(self, namespace: str, key: str) -> None:
+        async with self._conn() as c:
+            await c.execute(
+                "DELETE FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
+            )
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
         async with self._conn() as c:

@@ -23,6 +23,7 @@ import aiosqlite
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.store.base import (
+    DELIVERY_RANK,
     HistoryEntry,
     InboxItem,
     InboxStatus,
@@ -31,6 +32,7 @@ from core.store.base import (
     RunRecord,
     SessionRecord,
     TranscriptEntry,
+    delivery_rank,
 )
 from core.store.sqlite_schema import MIGRATIONS
 
@@ -442,10 +444,17 @@ class SqliteStore:
         async def op(c: aiosqlite.Connection) -> bool:
             cur = await c.execute(
                 "UPDATE outbox SET delivery = ?, error = coalesce(?, error)"
-                " WHERE channel = ? AND platform_id = ?",
-                (status, error, channel, platform_id),
+                f" WHERE channel = ? AND platform_id = ? AND {DELIVERY_RANK} < ?",
+                (status, error, channel, platform_id, delivery_rank(status)),
             )
-            return cur.rowcount > 0
+            if cur.rowcount > 0:
+                return True
+            row = await _fetchone(
+                c,
+                "SELECT 1 FROM outbox WHERE channel = ? AND platform_id = ?",
+                (channel, platform_id),
+            )
+            return row is not None
 
         found: bool = await self._write(op)
         return found
@@ -477,6 +486,14 @@ class SqliteStore:
             )
         )
         return None if row is None else str(row[0])
+
+    async def kv_delete(self, namespace: str, key: str) -> None:
+        async def op(c: aiosqlite.Connection) -> None:
+            await c.execute(
+                "DELETE FROM channel_state WHERE namespace = ? AND key = ?", (namespace, key)
+            )
+
+        await self._write(op)
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
         async def op(c: aiosqlite.Connection) -> None:

@@ -1,0 +1,230 @@
+"""The WhatsApp channel on the official Cloud API: webhook routes, delivery, typing.
+
+`GET /webhooks/whatsapp` answers Meta's verification handshake; `POST /webhooks/whatsapp` checks
+`X-Hub-Signature-256` over the raw body before anything is parsed (fail closed: missing 401,
+wrong 403, nothing stored), stores every message of the notification, records delivery reports,
+and answers 200 once stored. Reactions are passed to the agent as messages (a 👎 on an answer
+is feedback worth reading); a removed reaction, a deleted message or a system notice is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
+
+from aiohttp import web
+from pydantic import SecretStr
+
+from channels.base import BadInput, ChannelContext
+from channels.whatsapp.client import GraphClient
+from channels.whatsapp.media import fetch_all
+from channels.whatsapp.outbound import match_menu, menu_from_json
+from channels.whatsapp.parse import (
+    CHANNEL,
+    Incoming,
+    StatusReport,
+    Unsupported,
+    parse,
+)
+from channels.whatsapp.sender import NS_MENU, NS_SEEN, Sender
+from channels.whatsapp.settings import WhatsAppSettings
+from core.errors import ChannelError
+from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
+
+__all__ = ["OUTPUT_RULES", "WhatsAppAdapter"]
+
+log = logging.getLogger(__name__)
+
+PATH = "/webhooks/whatsapp"
+OUTPUT_RULES = (
+    "This is WhatsApp on a phone. Keep answers short: a few sentences or a short list. "
+    "Formatting shown: *bold*, _italic_, ~strikethrough~ and ```monospace```; headings, tables "
+    "and link labels are not shown, so write plain URLs. Offer at most 3 short choices "
+    "(20 characters each) with send_buttons when the person has to pick one."
+)
+NS_NOTIFIED = "whatsapp.notified"  # wamids of unsupported messages already answered
+MENU_TEXT_MAX = 100  # longer texts are never read as a menu choice
+TYPING_REFRESH_S = 20.0  # the indicator disappears after 25 s
+RECENT_MAX = 4096
+
+
+class WhatsAppAdapter:
+    """ChannelAdapter, HttpRoutes, Lifecycle and LiveOutlet of the WhatsApp Cloud API."""
+
+    name = CHANNEL
+    output_rules = OUTPUT_RULES
+
+    def __init__(self, settings: WhatsAppSettings, ctx: ChannelContext) -> None:
+        self._s, self._ctx = settings, ctx
+        self._numbers = frozenset(settings.numbers())
+        self._secret = _secret(settings.app_secret).encode()
+        self._verify = _secret(settings.verify_token).encode()
+        self._graph = GraphClient(
+            settings.api_base,
+            settings.api_version,
+            _secret(settings.access_token),
+            settings.timeout_s,
+        )
+        self._sender = Sender(settings, ctx, self._graph)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
+        self._recent: OrderedDict[str, None] = OrderedDict()  # stored wamids: skip refetching
+
+    # HttpRoutes and Lifecycle
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.get(PATH, self.handshake), web.post(PATH, self.webhook)]
+
+    async def start(self) -> None:
+        """Look up each business number once, so a bad token or number id shows at start."""
+        for number in sorted(self._numbers):
+            try:
+                info = await self._graph.lookup(number)
+            except ChannelError as exc:
+                log.error("WhatsApp number %s lookup failed: %s", number, exc)
+                continue
+            log.info("WhatsApp number %s ready: %s", number, info.get("display_phone_number", "?"))
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._graph.aclose()
+
+    # inbound
+
+    async def handshake(self, request: web.Request) -> web.Response:
+        q = request.query
+        token = q.get("hub.verify_token", "").encode()
+        if q.get("hub.mode") == "subscribe" and hmac.compare_digest(token, self._verify):
+            return web.Response(text=q.get("hub.challenge", ""), content_type="text/plain")
+        log.warning("WhatsApp verification refused", extra={"channel": CHANNEL})
+        raise web.HTTPForbidden(text="verification failed")
+
+    async def webhook(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        signature = request.headers.get("X-Hub-Signature-256")
+        if signature is None:
+            raise web.HTTPUnauthorized(text="missing X-Hub-Signature-256")
+        expected = "sha256=" + hmac.new(self._secret, raw, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(signature.strip().encode(), expected.encode()):
+            log.warning("WhatsApp notification with a bad signature", extra={"channel": CHANNEL})
+            raise web.HTTPForbidden(text="bad signature")
+        try:
+            events = parse(json.loads(raw), self._numbers, time.time())
+        except (ValueError, RecursionError, BadInput) as exc:
+            reason = str(exc) if isinstance(exc, BadInput) else "body is not valid JSON"
+            raise web.HTTPBadRequest(text=reason) from None
+        fresh = [
+            (e.message, e.media)
+            for e in events
+            if isinstance(e, Incoming) and _rid(e.message) not in self._recent
+        ]
+        for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
+            await self._ctx.submit(await self._menu_choice(msg))
+            self._remember(_rid(msg))
+        for event in events:
+            if isinstance(event, Unsupported):
+                await self._unsupported(event)
+            elif isinstance(event, StatusReport):
+                await self._status(event)
+        return web.json_response({"ok": True})
+
+    def _remember(self, rid: str) -> None:
+        self._recent[rid] = None
+        if len(self._recent) > RECENT_MAX:
+            self._recent.popitem(last=False)
+
+    async def _menu_choice(self, msg: InboundMessage) -> InboundMessage:
+        """A typed number or title answering the text menu we last sent becomes that button."""
+        if msg.kind is not MessageKind.MESSAGE or msg.attachments or len(msg.text) > MENU_TEXT_MAX:
+            return msg
+        menu = menu_from_json(await self._ctx.store.kv_get(NS_MENU, str(self._key(msg))))
+        chosen = match_menu(msg.text, menu) if menu else None
+        if chosen is None:
+            return msg
+        label, value = chosen
+        return msg.model_copy(
+            update={"kind": MessageKind.BUTTON, "button_value": value, "text": label}
+        )
+
+    async def _unsupported(self, event: Unsupported) -> None:
+        msg, store = event.message, self._ctx.store
+        key = self._key(msg)
+        if await store.kv_get(NS_NOTIFIED, _rid(msg)):
+            return
+        log.info("unsupported %s message", event.what, extra=_extra(key))
+        await store.kv_set(NS_SEEN, str(key), str(msg.received_at))
+        await self._ctx.notify(key, self._s.unsupported_reply)
+        await store.kv_set(NS_NOTIFIED, _rid(msg), "1")
+
+    async def _status(self, report: StatusReport) -> None:
+        known = await self._ctx.store.update_delivery(
+            CHANNEL, report.id, report.status, report.error
+        )
+        if known and report.status == "failed":
+            log.warning(
+                "WhatsApp could not deliver %s: %s",
+                report.id,
+                report.error,
+                extra={"channel": CHANNEL},
+            )
+
+    def _key(self, msg: InboundMessage) -> SessionKey:
+        return self._ctx.session_key(msg)
+
+    # outbound: Outlet and LiveOutlet
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        return await self._sender.send(key, part)
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None:
+        """Mark the customer's newest message read and show the typing indicator."""
+        pending = await self._ctx.store.pending(str(key))
+        if pending:
+            self._mark_read(key, pending[-1].message.platform_id)
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        """WhatsApp cannot edit a message, so nothing streams; keep the indicator alive."""
+        typing = self._typing.get(str(key))
+        if typing is not None and time.monotonic() - typing[1] > TYPING_REFRESH_S:
+            self._mark_read(key, typing[0])
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        """The reply (or its absence) ends the indicator; stop refreshing it."""
+        self._typing.pop(str(key), None)
+
+    def _mark_read(self, key: SessionKey, wamid: str) -> None:
+        self._typing[str(key)] = (wamid, time.monotonic())
+        payload = {"status": "read", "message_id": wamid, "typing_indicator": {"type": "text"}}
+        self._spawn(self._quietly(key, self._sender.call(key.account, payload)))
+
+    async def _quietly(self, key: SessionKey, call: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await call
+        except ChannelError as exc:
+            log.warning("typing indicator failed: %s", exc, extra=_extra(key))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _rid(msg: InboundMessage) -> str:
+    return f"{msg.account}/{msg.platform_id}"
+
+
+def _extra(key: SessionKey) -> dict[str, str]:
+    return {"session": str(key), "channel": CHANNEL}
+
+
+def _secret(value: SecretStr | None) -> str:
+    return value.get_secret_value() if value is not None else ""

@@ -1,0 +1,159 @@
+"""A small typed client of the WhatsApp Cloud API (Graph API) over httpx.
+
+Graph errors arrive as `{"error": {"code", "message", ...}}`, usually with HTTP 400, so the
+client branches on `error.code`, not on the status, and translates every failure into
+ChannelError: `code` is the Graph code as text ("131026"), or "auth" for a bad token.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from core.errors import ChannelError
+
+__all__ = ["PAIR_LIMITED", "RE_ENGAGEMENT", "THROTTLED", "GraphClient", "Media"]
+
+log = logging.getLogger(__name__)
+
+RE_ENGAGEMENT = 131047  # more than 24 h since the customer's last message: template only
+PAIR_LIMITED = 131056  # too many messages to this one customer
+# the business number's (or the app's) throughput: back off on the number
+THROTTLED = frozenset({4, 80007, 130429, 131057})
+TRANSIENT = frozenset({1, 2, 131000, 133004})  # "unknown", "service unavailable": retry
+AUTH = frozenset({0, 190})
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """What GET /<media id> answers: where to fetch the bytes, and what they are."""
+
+    url: str
+    mime: str | None
+    size: int | None
+
+
+class MediaTooLarge(ChannelError):
+    """The file is over the configured cap (announced or while streaming)."""
+
+
+class GraphClient:
+    def __init__(self, base_url: str, version: str, token: str, timeout_s: float) -> None:
+        self._version = version.strip("/")
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def send(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /<version>/<number>/messages with `messaging_product` added."""
+        body = {"messaging_product": "whatsapp", **payload}
+        return await self._call("POST", f"/{self._version}/{number}/messages", json=body)
+
+    async def message_id(self, number: str, payload: dict[str, Any]) -> str:
+        """Send a message; returns its wamid."""
+        data = await self.send(number, payload)
+        try:
+            return str(data["messages"][0]["id"])
+        except (KeyError, IndexError, TypeError):
+            raise ChannelError(
+                "Graph API answered without a message id", code="bad_response"
+            ) from None
+
+    async def lookup(self, number: str) -> dict[str, Any]:
+        """The business number's public details (checks the token and the number id)."""
+        fields = "display_phone_number,verified_name"
+        return await self._call("GET", f"/{self._version}/{number}", params={"fields": fields})
+
+    async def media(self, media_id: str, number: str) -> Media:
+        data = await self._call(
+            "GET", f"/{self._version}/{media_id}", params={"phone_number_id": number}
+        )
+        url, size = data.get("url"), data.get("file_size")
+        if not isinstance(url, str) or not url.startswith(("https://", "http://")):
+            raise ChannelError("media lookup answered without a URL", code="bad_response")
+        mime = data.get("mime_type")
+        return Media(
+            url,
+            mime if isinstance(mime, str) else None,
+            int(size) if isinstance(size, int | str) and str(size).isdigit() else None,
+        )
+
+    async def download(self, url: str, cap: int) -> bytes:
+        """The media bytes (the bearer token is required here too), at most `cap` of them."""
+        try:
+            async with self._http.stream("GET", url) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    self._raise(resp)
+                declared = resp.headers.get("Content-Length", "")
+                if declared.isdigit() and int(declared) > cap:
+                    raise MediaTooLarge(f"media of {declared} bytes", code="too_large")
+                data = bytearray()
+                async for piece in resp.aiter_bytes():
+                    data.extend(piece)
+                    if len(data) > cap:
+                        raise MediaTooLarge(f"media over {cap} bytes", code="too_large")
+                return bytes(data)
+        except httpx.HTTPError as exc:
+            raise ChannelError(
+                f"media download failed: {type(exc).__name__}", retryable=True
+            ) from None
+
+    async def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if self._http.is_closed:
+            raise ChannelError("WhatsApp client is shut down", retryable=True)
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ChannelError(
+                f"Graph API unreachable: {type(exc).__name__}", retryable=True
+            ) from None
+        if resp.status_code >= 400:
+            self._raise(resp)
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ChannelError("Graph API answered with no JSON object", code="bad_response")
+        return data
+
+    def _raise(self, resp: httpx.Response) -> None:
+        raise graph_error(resp.status_code, _json_or_none(resp))
+
+
+def _json_or_none(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return None
+
+
+def graph_error(status: int, body: Any) -> ChannelError:
+    """The ChannelError for a failed Graph call (HTTP `status`, JSON `body` if any)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    err = err if isinstance(err, dict) else {}
+    code = err.get("code")
+    code = code if isinstance(code, int) else None
+    title = str(err.get("message") or f"HTTP {status}")[:200]
+    if code in AUTH or status == 401:
+        log.error("WhatsApp access token rejected (%s): operator action needed", title)
+        return ChannelError(f"WhatsApp auth failed: {title}", code="auth")
+    text = f"WhatsApp error {code}: {title}" if code is not None else f"WhatsApp: {title}"
+    label = str(code) if code is not None else f"http_{status}"
+    retryable = (
+        code in THROTTLED
+        or code in TRANSIENT
+        or code == PAIR_LIMITED
+        or status >= 500
+        or (code is None and status == 429)
+    )
+    return ChannelError(text, retryable=retryable, code=label)

@@ -1,0 +1,358 @@
+"""Webhook notifications → normalized messages, notices to send, and delivery reports.
+
+Small pydantic models read only the fields we use. A bad envelope is BadInput (HTTP 400); one bad
+message or status inside a good envelope is skipped with a log line, so the rest still counts.
+A session is the customer (`wa_id`, or the business-scoped user id when there is none) on one
+business number: `account` = phone_number_id, `conversation` = the customer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from channels.base import BadInput
+from core.models import Attachment, InboundMessage, MessageKind, Sender
+
+__all__ = ["CHANNEL", "Event", "Incoming", "MediaRef", "StatusReport", "Unsupported", "parse"]
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "whatsapp"
+MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
+IGNORED_TYPES = ("revoke", "system")  # a deleted message, a number change: nothing to answer
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="ignore", coerce_numbers_to_str=True)
+
+
+_T = TypeVar("_T", bound=_M)
+
+
+class _Change(_M):
+    field: str = ""
+    value: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Entry(_M):
+    changes: list[_Change] = Field(default_factory=list)
+
+
+class _Envelope(_M):
+    object: str = ""
+    entry: list[_Entry] = Field(default_factory=list)
+
+
+class _Metadata(_M):
+    phone_number_id: str = Field(min_length=1)
+
+
+class _Profile(_M):
+    name: str | None = None
+
+
+class _Contact(_M):
+    wa_id: str | None = None
+    user_id: str | None = None
+    profile: _Profile = _Profile()
+
+
+class _Value(_M):
+    metadata: _Metadata
+    contacts: list[dict[str, Any]] = Field(default_factory=list)
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    statuses: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class _Context(_M):
+    id: str | None = None
+
+
+class _Text(_M):
+    body: str = ""
+
+
+class _Media(_M):
+    id: str = Field(min_length=1)
+    mime_type: str | None = None
+    caption: str | None = None
+    filename: str | None = None
+    voice: bool = False
+
+
+class _Location(_M):
+    latitude: float
+    longitude: float
+    name: str | None = None
+    address: str | None = None
+    url: str | None = None
+
+
+class _Name(_M):
+    formatted_name: str | None = None
+
+
+class _Phone(_M):
+    phone: str | None = None
+    wa_id: str | None = None
+
+
+class _Card(_M):
+    name: _Name = _Name()
+    phones: list[_Phone] = Field(default_factory=list)
+
+
+class _Choice(_M):
+    id: str = Field(min_length=1)
+    title: str = ""
+
+
+class _Interactive(_M):
+    type: str = ""
+    button_reply: _Choice | None = None
+    list_reply: _Choice | None = None
+
+
+class _Button(_M):
+    payload: str | None = None
+    text: str = ""
+
+
+class _Reaction(_M):
+    message_id: str | None = None
+    emoji: str | None = None
+
+
+class _Edit(_M):
+    original_message_id: str | None = None
+    message: dict[str, Any] = Field(default_factory=dict)
+
+
+class _Message(_M):
+    id: str = Field(min_length=1)
+    type: str = ""
+    sender: str | None = Field(default=None, alias="from")
+    from_user_id: str | None = None
+    timestamp: str | None = None
+    context: _Context | None = None
+    group_id: str | None = None
+    text: _Text | None = None
+    image: _Media | None = None
+    audio: _Media | None = None
+    video: _Media | None = None
+    document: _Media | None = None
+    sticker: _Media | None = None
+    location: _Location | None = None
+    contacts: list[_Card] | None = None
+    interactive: _Interactive | None = None
+    button: _Button | None = None
+    reaction: _Reaction | None = None
+    edit: _Edit | None = None
+
+
+class _StatusError(_M):
+    code: int | None = None
+    title: str | None = None
+
+
+class _Status(_M):
+    id: str = Field(min_length=1)
+    status: str = Field(min_length=1)
+    errors: list[_StatusError] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaRef:
+    """A media id to fetch through the two-step media API."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A message to store; `media` (if any) still has to be downloaded into its attachment."""
+
+    message: InboundMessage
+    media: MediaRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A message we cannot read: the customer gets a notice; `message` names the session."""
+
+    message: InboundMessage
+    what: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    id: str
+    status: str
+    error: str | None = None
+
+
+Event = Incoming | Unsupported | StatusReport
+
+
+def parse(data: Any, numbers: frozenset[str], now: float) -> list[Event]:
+    """Every message and status of every entry and change, for our business numbers only."""
+    try:
+        envelope = _Envelope.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        raise BadInput(f"{where}: {err['msg']}") from None
+    if envelope.object != "whatsapp_business_account":
+        log.info("ignoring a notification for object %r", envelope.object)
+        return []
+    events: list[Event] = []
+    for entry in envelope.entry:
+        for change in entry.changes:
+            if change.field == "messages":
+                events.extend(_change(change.value, numbers, now))
+    return events
+
+
+def _change(raw: dict[str, Any], numbers: frozenset[str], now: float) -> list[Event]:
+    try:
+        value = _Value.model_validate(raw)
+    except ValidationError:
+        log.warning("skipping a change without metadata", extra={"channel": CHANNEL})
+        return []
+    number = value.metadata.phone_number_id
+    if number not in numbers:
+        log.info("ignoring a notification for number %s we do not serve", number)
+        return []
+    names: dict[str, str] = {}
+    users: list[str] = []
+    for item in value.contacts:
+        contact = _valid(_Contact, item)
+        for uid in (contact.wa_id, contact.user_id) if contact else ():
+            if uid:
+                users.append(uid)
+                if contact and contact.profile.name:
+                    names[uid] = contact.profile.name
+    events: list[Event] = []
+    for item in value.messages:
+        msg = _valid(_Message, item)
+        event = _message(msg, number, names, users[0] if users else None, now) if msg else None
+        if event is not None:
+            events.append(event)
+    for item in value.statuses:
+        status = _valid(_Status, item)
+        if status is not None:
+            err = status.errors[0] if status.errors else None
+            detail = f"{err.code}: {err.title or 'error'}" if err else None
+            events.append(StatusReport(status.id, status.status, detail))
+    return events
+
+
+def _valid(model: type[_T], item: Any) -> _T | None:
+    try:
+        return model.model_validate(item)
+    except ValidationError as exc:
+        log.warning("skipping a malformed %s: %s", model.__name__.strip("_").lower(), exc.title)
+        return None
+
+
+def _message(
+    m: _Message, number: str, names: dict[str, str], fallback: str | None, now: float
+) -> Event | None:
+    user = m.sender or m.from_user_id or fallback
+    if not user:
+        log.warning("skipping message %s without a sender", m.id, extra={"channel": CHANNEL})
+        return None
+    if m.group_id:
+        log.info("ignoring group message %s", m.id, extra={"channel": CHANNEL})
+        return None
+    received = now
+    if m.timestamp and m.timestamp.isdigit():
+        received = min(float(m.timestamp), now)  # the customer's clock, never in our future
+    base = InboundMessage(
+        channel=CHANNEL,
+        account=number,
+        conversation=user,
+        sender=Sender(id=user, name=names.get(user)),
+        platform_id=m.id,
+        reply_to=m.context.id if m.context else None,
+        received_at=received,
+    )
+    return _content(m, base)
+
+
+def _content(m: _Message, base: InboundMessage) -> Event | None:
+    """The message body by type: text, media, location, contacts, choices, reaction, edit."""
+    kind = m.type
+    body = getattr(m, kind, None) if kind in MEDIA_TYPES else None
+    if kind == "text" and m.text is not None:
+        return Incoming(_with(base, text=m.text.body))
+    if isinstance(body, _Media):
+        name = body.filename or f"{kind}{_extension(body.mime_type)}"
+        note = "voice message" if body.voice else None
+        att = Attachment(kind=kind, name=name, mime=body.mime_type, description=note)
+        return Incoming(_with(base, text=body.caption or "", attachments=(att,)), MediaRef(body.id))
+    if kind == "location" and m.location is not None:
+        return Incoming(_location(base, m.location))
+    if kind == "contacts" and m.contacts:
+        return Incoming(_contacts(base, m.contacts))
+    if kind == "interactive" and m.interactive is not None:
+        choice = m.interactive.button_reply or m.interactive.list_reply
+        if choice is not None:
+            return Incoming(_choice(base, choice.id, choice.title))
+    if kind == "button" and m.button is not None:
+        return Incoming(_choice(base, m.button.payload or m.button.text, m.button.text))
+    if kind == "reaction" and m.reaction is not None:
+        if not m.reaction.emoji or not m.reaction.message_id:
+            return None  # a reaction removed
+        text = f"[reacted with {m.reaction.emoji} to {m.reaction.message_id}]"
+        return Incoming(_with(base, text=text, reply_to=m.reaction.message_id))
+    if kind == "edit" and m.edit is not None:
+        return _edit(m, base, m.edit)
+    if kind in IGNORED_TYPES:
+        return None
+    return Unsupported(base, kind or "unknown")
+
+
+def _with(base: InboundMessage, **changes: Any) -> InboundMessage:
+    return base.model_copy(update=changes)
+
+
+def _location(base: InboundMessage, loc: _Location) -> InboundMessage:
+    where = ", ".join(p for p in (loc.name, loc.address) if p)
+    coords = f"{loc.latitude}, {loc.longitude}"
+    text = f"[location: {where} ({coords})]" if where else f"[location: {coords}]"
+    att = Attachment(kind="location", name=loc.name, url=loc.url, description=coords)
+    return _with(base, text=text, attachments=(att,))
+
+
+def _contacts(base: InboundMessage, cards: list[_Card]) -> InboundMessage:
+    lines, atts = [], []
+    for card in cards:
+        phones = [p.phone or p.wa_id or "" for p in card.phones]
+        phones = [p for p in phones if p]
+        name = card.name.formatted_name or "(no name)"
+        lines.append(f"[contact: {', '.join([name, *phones])}]")
+        atts.append(Attachment(kind="contact", name=name))
+    return _with(base, text="\n".join(lines), attachments=tuple(atts))
+
+
+def _choice(base: InboundMessage, value: str, title: str) -> InboundMessage:
+    return _with(base, kind=MessageKind.BUTTON, button_value=value, text=title or value)
+
+
+def _edit(m: _Message, base: InboundMessage, edit: _Edit) -> Event | None:
+    inner = _valid(_Message, {**edit.message, "id": m.id})
+    event = _content(inner, base) if inner is not None else None
+    if isinstance(event, Incoming):
+        edited = _with(event.message, kind=MessageKind.EDIT, reply_to=edit.original_message_id)
+        return Incoming(edited, event.media)
+    return event
+
+
+def _extension(mime: str | None) -> str:
+    sub = (mime or "").split(";")[0].strip().rpartition("/")[2]
+    return f".{sub}" if sub.isalnum() and len(sub) <= 8 else ""

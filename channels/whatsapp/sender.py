@@ -1,0 +1,178 @@
+"""Delivery of reply parts: the 24-hour window, templates, back-off and resumable chunks.
+
+- Outside the customer service window (24 h after the customer's last message) no free-form
+  message is attempted: the configured template is sent instead, or, without one, the part is
+  failed with code "window_closed" (held for the operator, who is told in the log). Error 131047
+  from the API takes the same path.
+- Throughput errors (130429 …) hold the business number back, pair-rate errors (131056) the one
+  customer; the part is retried by the outbox after `retry_after`, and later sends to that
+  number or customer wait out the hold first.
+- A part sent as several messages records each message that went out (kv, by part id), so a
+  retry resumes after them and nothing is sent twice. The part's platform id is the wamid of
+  its last message: delivery reports for that message update the part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from channels.base import ChannelContext
+from channels.limiter import KeyedLimiter
+from channels.whatsapp.client import PAIR_LIMITED, RE_ENGAGEMENT, THROTTLED, GraphClient
+from channels.whatsapp.outbound import menu_from_json, menu_to_json, plan_reply, recipient
+from channels.whatsapp.outbound import template as template_payload
+from channels.whatsapp.parse import CHANNEL
+from channels.whatsapp.settings import WhatsAppSettings
+from core.errors import ChannelError
+from core.models import OutboundPart, SessionKey
+
+__all__ = ["NS_MENU", "NS_SEEN", "Sender"]
+
+log = logging.getLogger(__name__)
+
+NS_PROGRESS = "whatsapp.sent"  # part id → wamids of the messages of that part already sent
+NS_MENU = "whatsapp.menu"  # session → the numbered text menu last sent
+NS_SEEN = "whatsapp.seen"  # session → when the customer last wrote something we did not store
+MAX_PAIR_BACKOFF_S = 900.0
+
+
+class Sender:
+    def __init__(self, settings: WhatsAppSettings, ctx: ChannelContext, graph: GraphClient) -> None:
+        self._s, self._ctx, self._graph = settings, ctx, graph
+        self._limiter = KeyedLimiter(settings.max_per_second, 1.0)
+        self._hold_until: dict[str, float] = {}  # number, or number/customer → monotonic time
+        self._pair_strikes: dict[str, int] = {}
+
+    async def call(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Any messages-endpoint call (e.g. mark as read), under the number's rate limit."""
+        await self._limiter.acquire(number)
+        return await self._graph.send(number, payload)
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        number, user = key.account, key.conversation
+        extra = {"session": str(key), "channel": CHANNEL}
+        await self._wait_hold(number, user)
+        try:
+            if not await self.window_open(key):
+                return await self._closed(key, part, "the 24-hour window is closed")
+            try:
+                return await self._free_form(key, part)
+            except ChannelError as exc:
+                if exc.code != str(RE_ENGAGEMENT):
+                    raise
+                log.warning("131047 re-engagement required", extra=extra)
+                return await self._closed(key, part, "WhatsApp answered 131047")
+        except ChannelError as exc:
+            raise self._backoff(exc, key) from None
+
+    async def window_open(self, key: SessionKey) -> bool:
+        window = self._s.service_window_hours * 3600
+        last = await self._ctx.store.last_inbound_at(str(key))
+        if last is not None and time.time() - last < window:
+            return True
+        seen = await self._ctx.store.kv_get(NS_SEEN, str(key))
+        return seen is not None and time.time() - float(seen) < window
+
+    async def _free_form(self, key: SessionKey, part: OutboundPart) -> str | None:
+        s = self._s
+        plan = plan_reply(
+            part.reply,
+            interactive=s.interactive,
+            prompt=s.buttons_prompt,
+            list_button=s.list_button,
+            to=recipient(key.conversation),
+        )
+        if plan.skipped:
+            log.warning(
+                "attachments without a URL cannot be sent on WhatsApp: %s",
+                ", ".join(plan.skipped),
+                extra={"session": str(key), "channel": CHANNEL},
+            )
+        await self._remember_menu(key, plan.menu)
+        several = len(plan.payloads) > 1
+        done = await self._progress(part) if several else []
+        for n, payload in enumerate(plan.payloads):
+            if n < len(done):
+                continue
+            await self._limiter.acquire(key.account)
+            done.append(await self._graph.message_id(key.account, payload))
+            if several and n < len(plan.payloads) - 1:
+                await self._ctx.store.kv_set(NS_PROGRESS, str(part.id), json.dumps(done))
+        self._pair_strikes.pop(f"{key.account}/{key.conversation}", None)
+        return done[-1] if done else None
+
+    async def _progress(self, part: OutboundPart) -> list[str]:
+        """The wamids of this part's messages that an earlier attempt already sent."""
+        try:
+            done = json.loads(await self._ctx.store.kv_get(NS_PROGRESS, str(part.id)) or "[]")
+        except ValueError:
+            return []
+        return [str(d) for d in done] if isinstance(done, list) else []
+
+    async def _remember_menu(self, key: SessionKey, menu: list[tuple[str, str]] | None) -> None:
+        """Keep the text menu this part shows; any other reply ends the previous menu, so a
+        later "2" is not taken for a stale choice."""
+        store, skey = self._ctx.store, str(key)
+        if menu:
+            await store.kv_set(NS_MENU, skey, menu_to_json(menu))
+        elif menu_from_json(await store.kv_get(NS_MENU, skey)):
+            await store.kv_set(NS_MENU, skey, "")
+
+    async def _closed(self, key: SessionKey, part: OutboundPart, why: str) -> str:
+        s = self._s
+        extra = {"session": str(key), "channel": CHANNEL}
+        if not s.template_name:
+            log.error(
+                "operator: reply part %d held: %s and no template is configured "
+                "(channels.whatsapp.template_name)",
+                part.id,
+                why,
+                extra=extra,
+            )
+            raise ChannelError(f"{why}; no template configured", code="window_closed")
+        log.info("%s: sending template %s", why, s.template_name, extra=extra)
+        payload = template_payload(
+            part.reply,
+            name=s.template_name,
+            language=s.template_language,
+            params=s.template_params,
+            fallback=s.buttons_prompt,
+        )
+        await self._limiter.acquire(key.account)
+        return await self._graph.message_id(key.account, {**recipient(key.conversation), **payload})
+
+    async def _wait_hold(self, number: str, user: str) -> None:
+        now = time.monotonic()
+        until = max(
+            self._hold_until.get(number, 0.0), self._hold_until.get(f"{number}/{user}", 0.0)
+        )
+        for k in (number, f"{number}/{user}"):
+            if self._hold_until.get(k, now) < now:
+                del self._hold_until[k]
+        if until > now:
+            await asyncio.sleep(until - now)
+
+    def _backoff(self, exc: ChannelError, session: SessionKey) -> ChannelError:
+        """Rate-limit errors become a hold on the number or the customer and a retry_after."""
+        number, user = session.account, session.conversation
+        if exc.code in {str(c) for c in THROTTLED}:
+            delay, key = self._s.throughput_backoff_s, number
+        elif exc.code == str(PAIR_LIMITED):
+            key = f"{number}/{user}"
+            strikes = self._pair_strikes[key] = self._pair_strikes.get(key, 0) + 1
+            delay = min(self._s.pair_backoff_s * 4 ** (strikes - 1), MAX_PAIR_BACKOFF_S)
+        else:
+            return exc
+        self._hold_until[key] = time.monotonic() + delay
+        log.warning(
+            "WhatsApp rate limit %s on %s: holding back %.1f s",
+            exc.code,
+            "the number" if key == number else "this customer",
+            delay,
+            extra={"session": str(session), "channel": CHANNEL},
+        )
+        return ChannelError(str(exc), retryable=True, retry_after=delay, code=exc.code)

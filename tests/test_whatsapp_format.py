@@ -1,0 +1,213 @@
+"""Markdown → WhatsApp text, chunking, and the payloads a reply becomes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from channels.whatsapp.format import chunk, plain, wlen
+from channels.whatsapp.outbound import (
+    match_menu,
+    menu_from_json,
+    menu_to_json,
+    plan_reply,
+    recipient,
+    template,
+)
+from core.models import Attachment, Button, Reply
+
+TO = recipient("15551234567")
+
+
+def plan(reply: Reply, interactive: bool = True) -> list[dict[str, Any]]:
+    return plan_reply(
+        reply, interactive=interactive, prompt="Please choose:", list_button="Options", to=TO
+    ).payloads
+
+
+def test_styles_become_whatsapp_markers() -> None:
+    md = "Some **bold**, *italic*, ~~gone~~ and `code`; **bold _both_ more**."
+    assert chunk(md) == ["Some *bold*, _italic_, ~gone~ and ```code```; *bold _both_ more*."]
+
+
+def test_markers_hug_their_text() -> None:
+    assert chunk("**see [docs](https://d.io) now**") == ["*see docs* (https://d.io) *now*"]
+    assert chunk("**a `b` c**") == ["*a ```b``` c*"]
+
+
+def test_headings_are_bold_lines_and_links_plain_urls() -> None:
+    md = "# Opening **hours**\n\nSee [our page](https://ex.com/h) or <https://ex.com>."
+    assert chunk(md) == ["*Opening hours*\n\nSee our page (https://ex.com/h) or https://ex.com."]
+
+
+def test_lists_quotes_and_code_blocks_are_kept() -> None:
+    md = "Steps:\n\n- one\n- two\n  1. deep\n\n> said\n\n```\nx = 1\ny = 2\n```"
+    assert chunk(md) == ["Steps:\n\n- one\n- two\n  1. deep\n\n> said\n\n```x = 1\ny = 2```"]
+
+
+def test_ordered_lists_keep_their_numbers() -> None:
+    assert chunk("3. c\n4. d") == ["3. c\n4. d"]
+
+
+def test_tables_become_lines() -> None:
+    assert chunk("| a | b |\n|---|---|\n| 1 | 2 |") == ["*a* | *b*\n1 | 2"]
+
+
+def test_plain_is_one_unstyled_line() -> None:
+    assert plain("# Hi\n\n**Bold** and\n\n- a\n- b") == "Hi Bold and a b"
+
+
+def test_long_text_is_cut_between_paragraphs_in_order() -> None:
+    paragraphs = [f"Paragraph {i} " + "word " * 150 for i in range(20)]
+    chunks = chunk("\n\n".join(paragraphs))
+    assert len(chunks) > 1
+    assert all(wlen(c) <= 4096 for c in chunks)
+    assert [p.strip() for c in chunks for p in c.split("\n\n")] == [p.strip() for p in paragraphs]
+
+
+def test_a_long_code_block_is_closed_and_reopened() -> None:
+    code = "\n".join(f"line {i:04d} " + "x" * 60 for i in range(200))
+    chunks = chunk(f"Intro\n\n```\n{code}\n```\n\nOutro")
+    assert len(chunks) >= 4
+    for c in chunks:
+        assert wlen(c) <= 4096
+        assert c.count("```") % 2 == 0
+    body = "\n".join(re.findall(r"```(.*?)```", "\n".join(chunks), re.DOTALL))
+    assert body == code
+
+
+def test_a_long_bold_line_is_split_with_styles_closed() -> None:
+    chunks = chunk("**" + "strong " * 1500 + "end**", limit=1000)
+    assert len(chunks) > 5
+    for c in chunks:
+        assert c.startswith("*")
+        assert c.endswith("*")
+        assert wlen(c) <= 1000
+
+
+def test_emoji_count_double() -> None:
+    chunks = chunk("😀" * 3000)
+    assert [wlen(c) for c in chunks] == [4096, 6000 - 4096]
+
+
+_WORDS = st.text(alphabet="abcdefghij XYZ", min_size=1, max_size=30)
+_BLOCK = st.one_of(
+    _WORDS,
+    _WORDS.map(lambda w: f"**{w.strip() or 'b'}**"),
+    _WORDS.map(lambda w: f"_{w.strip() or 'i'}_ tail"),
+    _WORDS.map(lambda w: f"- {w}"),
+    _WORDS.map(lambda w: f"# {w}"),
+    st.lists(_WORDS, min_size=1, max_size=40).map(lambda ls: "```\n" + "\n".join(ls) + "\n```"),
+    st.integers(1, 400).map(lambda n: "word" * n),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_BLOCK, min_size=1, max_size=30), st.sampled_from([60, 300, 4096]))
+def test_chunks_fit_keep_fences_closed_and_lose_no_word(blocks: list[str], limit: int) -> None:
+    md = "\n\n".join(blocks)
+    chunks = chunk(md, limit)
+    assert all(0 < wlen(c) <= limit for c in chunks)
+    assert all(c.count("```") % 2 == 0 for c in chunks)
+    seen = "".join(re.findall(r"[a-jXYZ]", "".join(chunks)))
+    assert seen == "".join(re.findall(r"[a-jXYZ]", md.replace("```", "")))
+
+
+def test_three_short_buttons_are_reply_buttons() -> None:
+    times = ("10:00", "12:00", "A long label of 20ch")
+    reply = Reply(text="Pick a time", buttons=tuple(Button(label=t, value=t) for t in times))
+    (p,) = plan(reply)
+    assert p["type"] == "interactive"
+    inter = p["interactive"]
+    assert inter["type"] == "button"
+    assert inter["body"] == {"text": "Pick a time"}
+
+
+def test_buttons_after_long_text_go_in_a_last_message() -> None:
+    buttons = (Button(label="Yes", value="y"), Button(label="No", value="n"))
+    payloads = plan(Reply(text="word " * 300, buttons=buttons))
+    assert [p["type"] for p in payloads] == ["text", "interactive"]
+    assert payloads[1]["interactive"]["body"] == {"text": "Please choose:"}
+
+
+def test_up_to_ten_rows_are_a_list() -> None:
+    buttons = tuple(Button(label=f"Size number {i}", value=f"s{i}") for i in range(6))
+    (p,) = plan(Reply(text="Which size?", buttons=buttons))
+    inter = p["interactive"]
+    assert inter["type"] == "list"
+    rows = inter["action"]["sections"][0]["rows"]
+    assert [r["id"] for r in rows] == [f"s{i}" for i in range(6)]
+
+
+def test_too_many_or_too_long_is_a_numbered_text_menu() -> None:
+    buttons = tuple(Button(label=f"Option {i}", value=f"o{i}") for i in range(1, 13))
+    result = plan_reply(
+        Reply(text="Choose:", buttons=buttons),
+        interactive=True,
+        prompt="Reply with a number:",
+        list_button="Options",
+        to=TO,
+    )
+    (p,) = result.payloads
+    menu = "\n".join(f"{i}. Option {i}" for i in range(1, 13))
+    assert p["text"]["body"] == f"Choose:\n\nReply with a number:\n{menu}"
+    assert result.menu is not None
+    assert result.menu[1] == ("Option 2", "o2")
+    long = (Button(label="A label that is far too long for any row", value="x"),)
+    assert plan(Reply(text="t", buttons=long))[0]["type"] == "text"
+    dup = (Button(label="Same", value="a"), Button(label="same", value="b"))
+    assert plan(Reply(text="t", buttons=dup))[0]["type"] == "text"
+    assert plan(Reply(text="t", buttons=(Button(label="Ok", value="ok"),)), False)[0]["type"] == (
+        "text"
+    )
+
+
+def test_menu_matching_by_number_or_title() -> None:
+    menu = menu_from_json(menu_to_json([("Red", "r"), ("Blue", "b")]))
+    assert match_menu("2", menu) == ("Blue", "b")
+    assert match_menu(" 1. ", menu) == ("Red", "r")
+    assert match_menu("blue", menu) == ("Blue", "b")
+    assert match_menu("3", menu) is None
+    assert match_menu("I want red", menu) is None
+    assert menu_from_json("not json") == []
+
+
+def test_template_carries_the_reply_as_one_line() -> None:
+    reply = Reply(text="# Update\n\nYour order **42** ships\ttoday.\n\n" + "x" * 2000)
+    t = template(reply, name="reply_later", language="es", params=["Ana", "{reply}"], fallback="-")
+    comp = t["template"]["components"][0]
+    ana, text = (p["text"] for p in comp["parameters"])
+    assert ana == "Ana"
+    assert text.startswith("Update Your order 42 ships today. xxx")
+    assert wlen(text) == 1024
+    assert text.endswith("…")
+    assert t["template"]["language"] == {"code": "es"}
+    bare = template(reply, name="hello", language="en_US", params=[], fallback="-")
+    assert "components" not in bare["template"]
+
+
+def test_recipient_by_phone_or_business_scoped_id() -> None:
+    assert recipient("155") == {"recipient_type": "individual", "to": "155"}
+    assert recipient("US.1") == {"recipient_type": "individual", "recipient": "US.1"}
+
+
+def test_linked_attachments_are_media_messages() -> None:
+    att = (
+        Attachment(kind="image", url="https://ex.com/a.png"),
+        Attachment(kind="other", name="r.pdf", url="https://ex.com/r.pdf"),
+        Attachment(kind="image", path="/tmp/local.png", name="local.png"),
+    )
+    result = plan_reply(
+        Reply(text="Here", attachments=att),
+        interactive=True,
+        prompt="p",
+        list_button="b",
+        to=TO,
+    )
+    kinds = [p["type"] for p in result.payloads]
+    assert kinds == ["text", "image", "document"]
+    assert result.payloads[2]["document"] == {"link": "https://ex.com/r.pdf", "filename": "r.pdf"}
+    assert result.skipped == ["local.png"]

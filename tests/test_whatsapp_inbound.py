@@ -1,0 +1,209 @@
+"""WhatsApp end to end, inbound: the real routes with signed notifications, a fake Graph API."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from channels.whatsapp.settings import DEFAULT_UNSUPPORTED_REPLY
+from core.models import SessionKey
+from tests.fake_openai import FakeOpenAI, last_user_text
+from tests.fake_whatsapp import (
+    VERIFY_TOKEN,
+    FakeGraph,
+    Gateway,
+    payload,
+    running_gateway,
+    sign,
+    text_message,
+    until,
+)
+
+USER = "15551234567"
+
+
+def session(user: str = USER, number: str = "1001") -> str:
+    return str(SessionKey("default", "whatsapp", number, user))
+
+
+@pytest_asyncio.fixture
+async def graph() -> AsyncIterator[FakeGraph]:
+    fake = FakeGraph()
+    await fake.start()
+    yield fake
+    await fake.aclose()
+
+
+@pytest_asyncio.fixture
+async def gw(tmp_path: Path, graph: FakeGraph, fake_openai: FakeOpenAI) -> AsyncIterator[Gateway]:
+    async with running_gateway(tmp_path, graph, fake_openai.url) as gateway:
+        yield gateway
+
+
+async def test_handshake_echoes_the_challenge_only_for_the_right_token(gw: Gateway) -> None:
+    ok = {"hub.mode": "subscribe", "hub.verify_token": VERIFY_TOKEN, "hub.challenge": "1158201444"}
+    r = await gw.client.get("/webhooks/whatsapp", params=ok)
+    assert r.status_code == 200
+    assert r.text == "1158201444"
+    assert r.headers["content-type"].startswith("text/plain")
+    for bad in ({**ok, "hub.verify_token": "wrong"}, {**ok, "hub.mode": "unsubscribe"}, {}):
+        assert (await gw.client.get("/webhooks/whatsapp", params=bad)).status_code == 403
+
+
+async def test_bad_or_missing_signature_is_refused_and_nothing_stored(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    data = text_message("hello")
+    assert (await gw.notify(data, signature=None)).status_code == 401
+    assert (await gw.notify(data, signature=sign(b"{}"))).status_code == 403
+    assert (await gw.notify(data, signature="sha1=abc")).status_code == 403
+    signed = sign(b'{"object": "whatsapp_business_account"}', secret="another app")
+    assert (await gw.notify(data, signature=signed)).status_code == 403
+    raw = b'{"entry": [] }'  # signed, then the body changed
+    assert (await gw.notify(None, raw=raw + b" ", signature=sign(raw))).status_code == 403
+    assert await gw.store.last_inbound_at(session()) is None
+    assert await gw.store.pending(session()) == []
+    assert fake_openai.requests == []
+    assert gw.graph.sent == []
+
+
+async def test_malformed_json_is_400_and_unknown_numbers_are_ignored(gw: Gateway) -> None:
+    r = await gw.notify(None, raw=b"{not json")
+    assert r.status_code == 400
+    assert "JSON" in r.json()["error"]
+    assert (await gw.notify({"object": "whatsapp_business_account", "entry": 3})).status_code == 400
+    r = await gw.notify(payload("other_number"))
+    assert r.status_code == 200
+    assert await gw.store.last_inbound_at(session(number="9999")) is None
+
+
+async def test_text_is_read_with_typing_then_answered(gw: Gateway) -> None:
+    r = await gw.notify(text_message("hello there", mid="wamid.HELLO"))
+    assert r.status_code == 200
+    await until(lambda: gw.graph.texts(USER))
+    (sent,) = gw.graph.sent
+    assert sent["text"]["body"] == "echo: hello there"
+    assert (sent["to"], sent["_number"], sent["recipient_type"]) == (USER, "1001", "individual")
+    await until(lambda: gw.graph.reads)
+    assert gw.graph.reads[0] == {
+        "messaging_product": "whatsapp",
+        "status": "read",
+        "message_id": "wamid.HELLO",
+        "typing_indicator": {"type": "text"},
+    }
+
+
+MEDIA = {
+    "media-img-1": (b"\xff\xd8jpeg-bytes", "image/jpeg"),
+    "media-aud-1": (b"OggS-voice", "audio/ogg; codecs=opus"),
+    "media-vid-1": (b"mp4-bytes", "video/mp4"),
+    "media-doc-1": (b"%PDF-1.4 invoice", "application/pdf"),
+    "media-stk-1": (b"RIFF-webp", "image/webp"),
+}
+EXPECTED = {
+    "text": "Hello, do you deliver on Sundays?",
+    "image": "my receipt\n[attachment image image.jpeg image/jpeg]",
+    "audio_voice": "[attachment audio audio.ogg audio/ogg; codecs=opus: voice message]",
+    "video": "the noise\n[attachment video video.mp4 video/mp4]",
+    "document": "[attachment document invoice-42.pdf application/pdf]",
+    "sticker": "[attachment sticker sticker.webp image/webp]",
+    "location": "[location: Puerta del Sol, Plaza de la Puerta del Sol, Madrid (40.4168, -3.7038)]",
+    "contacts": "[contact: Luis Pérez, +34 600 000 001]",
+    "button_reply": "[pressed the button: 10:00]",
+    "list_reply": "[pressed the button: Medium]",
+    "template_button": "[pressed the button: Continue]",
+    "reaction": "[reacted with 👍 to wamid.OUT4]",
+    "edit": "[edited an earlier message] Hello, do you deliver on Saturdays?",
+}
+
+
+async def test_every_message_type_reaches_the_agent(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    gw.graph.media.update(MEDIA)
+    users = {name: f"1555000{i:04d}" for i, name in enumerate(EXPECTED)}
+    for name, user in users.items():
+        assert (await gw.notify(payload(name, user=user))).status_code == 200
+    await until(lambda: all(gw.graph.texts(u) for u in users.values()))
+    seen = "\n\n".join(last_user_text(body) for body in fake_openai.requests)
+    for name, text in EXPECTED.items():
+        assert text in seen, name
+        assert gw.graph.texts(users[name])[0].startswith("echo: "), name
+    files = sorted(p.read_bytes() for p in gw.files.rglob("*") if p.is_file())
+    assert files == sorted(data for data, _ in MEDIA.values())
+
+
+async def test_business_scoped_users_are_answered_by_user_id(gw: Gateway) -> None:
+    await gw.notify(payload("bsuid"))
+    await until(lambda: gw.graph.to("US.13491208655302741918"))
+    (sent,) = gw.graph.sent
+    assert sent["recipient"] == "US.13491208655302741918"
+    assert "to" not in sent
+
+
+async def test_media_over_the_size_cap_is_stored_without_its_file(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    gw.graph.media["media-img-1"] = (b"x" * 5000, "image/jpeg")  # the cap is 4096
+    gw.graph.announced_size = 100  # the lookup understates it: the stream is checked too
+    await gw.notify(payload("image"))
+    await until(lambda: gw.graph.texts(USER))
+    assert "not downloaded (too large)" in last_user_text(fake_openai.requests[0])
+    assert not gw.files.exists() or not any(p.is_file() for p in gw.files.rglob("*"))
+
+
+async def test_slow_media_does_not_hold_the_webhook(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    gw.graph.media.update(MEDIA)
+    gw.graph.media_delay_s = 3.0  # media_timeout_s is 1.0
+    started = time.monotonic()
+    assert (await gw.notify(payload("document"))).status_code == 200
+    assert time.monotonic() - started < 2.0
+    await until(lambda: gw.graph.texts(USER))
+    assert "not downloaded (took too long)" in last_user_text(fake_openai.requests[0])
+
+
+async def test_three_messages_in_one_payload(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    assert (await gw.notify(payload("three_messages"))).status_code == 200
+    await until(lambda: "third" in "".join(gw.graph.texts(USER)))
+    asked = "\n".join(last_user_text(b) for b in fake_openai.requests)
+    assert [w for w in ("first", "second", "third") if w in asked] == ["first", "second", "third"]
+
+
+async def test_entries_for_two_numbers_are_two_sessions(gw: Gateway) -> None:
+    await gw.notify(payload("multi_entry"))
+    await until(lambda: len(gw.graph.sent) == 2)
+    by_number = {m["_number"]: m["text"]["body"] for m in gw.graph.sent}
+    assert by_number == {"1001": "echo: to number one", "1002": "echo: to number two"}
+    assert await gw.store.last_inbound_at(session(number="1002")) is not None
+
+
+async def test_duplicate_delivery_is_answered_once(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    data = text_message("only once", mid="wamid.DUP")
+    assert (await gw.notify(data)).status_code == 200
+    assert (await gw.notify(data)).status_code == 200
+    await until(lambda: gw.graph.texts(USER))
+    assert (await gw.notify(data)).status_code == 200
+    await asyncio.sleep(0.3)
+    assert gw.graph.texts(USER) == ["echo: only once"]
+    assert len(fake_openai.requests) == 1
+
+
+async def test_unsupported_gets_a_polite_notice_and_no_run(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    data = payload("unsupported")
+    assert (await gw.notify(data)).status_code == 200
+    await until(lambda: gw.graph.texts(USER))
+    assert (await gw.notify(data)).status_code == 200  # a redelivery is not answered again
+    await asyncio.sleep(0.3)
+    assert gw.graph.texts(USER) == [DEFAULT_UNSUPPORTED_REPLY]
+    assert fake_openai.requests == []
+
+
+async def test_removed_reaction_is_ignored(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    assert (await gw.notify(payload("reaction_removed"))).status_code == 200
+    await asyncio.sleep(0.2)
+    assert fake_openai.requests == []
+    assert await gw.store.last_inbound_at(session()) is None

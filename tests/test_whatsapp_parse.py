@@ -1,0 +1,201 @@
+"""Parsing recorded, real-shaped WhatsApp notifications (tests/payloads/whatsapp/*.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from channels.base import BadInput
+from channels.whatsapp.parse import Event, Incoming, StatusReport, Unsupported, parse
+from core.models import MessageKind, SessionKey
+
+PAYLOADS = Path(__file__).parent / "payloads" / "whatsapp"
+NUMBERS = frozenset({"1001", "1002"})
+NOW = 1_760_000_000.0
+
+
+def load(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((PAYLOADS / f"{name}.json").read_text())
+    return data
+
+
+def events(name: str) -> list[Event]:
+    return parse(load(name), NUMBERS, NOW)
+
+
+def one(name: str) -> Incoming:
+    (event,) = events(name)
+    assert isinstance(event, Incoming)
+    return event
+
+
+def test_text_is_one_message_per_customer_and_number() -> None:
+    msg = one("text").message
+    assert msg.text == "Hello, do you deliver on Sundays?"
+    assert (msg.channel, msg.account, msg.conversation) == ("whatsapp", "1001", "15551234567")
+    assert msg.platform_id == "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQzTEXT1"
+    assert msg.sender.name == "Ana"
+    assert msg.received_at == 1750000000.0
+    key = SessionKey.for_message("default", msg)
+    assert str(key) == "default:whatsapp:1001:15551234567"
+
+
+def test_quoted_message_becomes_reply_to() -> None:
+    assert one("reply_context").message.reply_to == "wamid.QUOTED1"
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "media_id", "text", "file_name"),
+    [
+        ("image", "image", "media-img-1", "my receipt", "image.jpeg"),
+        ("audio_voice", "audio", "media-aud-1", "", "audio.ogg"),
+        ("video", "video", "media-vid-1", "the noise", "video.mp4"),
+        ("document", "document", "media-doc-1", "", "invoice-42.pdf"),
+        ("sticker", "sticker", "media-stk-1", "", "sticker.webp"),
+    ],
+)
+def test_media_messages_carry_their_media_id_and_caption(
+    name: str, kind: str, media_id: str, text: str, file_name: str
+) -> None:
+    event = one(name)
+    assert event.media is not None
+    assert event.media.id == media_id
+    assert event.message.text == text
+    (att,) = event.message.attachments
+    assert (att.kind, att.name, att.path) == (kind, file_name, None)
+
+
+def test_voice_note_is_described_as_such() -> None:
+    (att,) = one("audio_voice").message.attachments
+    assert att.mime == "audio/ogg; codecs=opus"
+    assert att.description == "voice message"
+
+
+def test_location_becomes_text_and_an_attachment() -> None:
+    msg = one("location").message
+    assert msg.text == (
+        "[location: Puerta del Sol, Plaza de la Puerta del Sol, Madrid (40.4168, -3.7038)]"
+    )
+    (att,) = msg.attachments
+    assert (att.kind, att.name, att.description) == (
+        "location",
+        "Puerta del Sol",
+        "40.4168, -3.7038",
+    )
+    assert att.url == "https://maps.example.com/sol"
+
+
+def test_contacts_become_text_and_attachments() -> None:
+    msg = one("contacts").message
+    assert msg.text == "[contact: Luis Pérez, +34 600 000 001]"
+    (att,) = msg.attachments
+    assert (att.kind, att.name) == ("contact", "Luis Pérez")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "title", "quoted"),
+    [
+        ("button_reply", "slot-10am", "10:00", "wamid.OUT1"),
+        ("list_reply", "size-m", "Medium", "wamid.OUT2"),
+        ("template_button", "talk-to-us", "Continue", "wamid.OUT3"),
+    ],
+)
+def test_choices_are_button_presses(name: str, value: str, title: str, quoted: str) -> None:
+    msg = one(name).message
+    assert msg.kind is MessageKind.BUTTON
+    assert (msg.button_value, msg.text, msg.reply_to) == (value, title, quoted)
+
+
+def test_reaction_is_a_message_and_a_removed_one_is_ignored() -> None:
+    msg = one("reaction").message
+    assert msg.kind is MessageKind.MESSAGE
+    assert msg.text == "[reacted with 👍 to wamid.OUT4]"
+    assert msg.reply_to == "wamid.OUT4"
+    assert events("reaction_removed") == []
+
+
+def test_unsupported_is_its_own_event() -> None:
+    (event,) = events("unsupported")
+    assert isinstance(event, Unsupported)
+    assert event.what == "unsupported"
+    assert event.message.conversation == "15551234567"
+
+
+def test_every_message_of_every_entry_and_change() -> None:
+    assert [e.message.text for e in events("three_messages") if isinstance(e, Incoming)] == [
+        "first",
+        "second",
+        "third",
+    ]
+    got = [
+        (e.message.account, e.message.text)
+        for e in events("multi_entry")
+        if isinstance(e, Incoming)
+    ]
+    assert got == [("1001", "to number one"), ("1002", "to number two")]
+
+
+def test_numbers_we_do_not_serve_are_ignored() -> None:
+    assert events("other_number") == []
+    assert parse(load("text"), frozenset({"1002"}), NOW) == []
+
+
+def test_statuses_carry_the_failure_code() -> None:
+    assert events("statuses") == [
+        StatusReport("wamid.OUT1", "delivered", None),
+        StatusReport("wamid.OUT2", "failed", "131026: Message undeliverable"),
+    ]
+
+
+def test_business_scoped_user_without_wa_id() -> None:
+    msg = one("bsuid").message
+    assert msg.conversation == "US.13491208655302741918"
+    assert msg.sender.name == "Bo"
+
+
+def test_edit_is_an_edit_of_the_original() -> None:
+    msg = one("edit").message
+    assert msg.kind is MessageKind.EDIT
+    assert msg.text == "Hello, do you deliver on Saturdays?"
+    assert msg.reply_to == "wamid.HBgLMTU1NTEyMzQ1NjcVAgASGBQzTEXT1"
+
+
+def test_future_timestamps_are_clamped_to_now() -> None:
+    data = load("text")
+    data["entry"][0]["changes"][0]["value"]["messages"][0]["timestamp"] = str(int(NOW) + 999)
+    (event,) = parse(data, NUMBERS, NOW)
+    assert isinstance(event, Incoming)
+    assert event.message.received_at == NOW
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "text",
+        {"object": "whatsapp_business_account", "entry": "x"},
+        {"entry": [{"changes": 1}]},
+    ],
+)
+def test_bad_envelopes_are_bad_input(body: Any) -> None:
+    with pytest.raises(BadInput):
+        parse(body, NUMBERS, NOW)
+
+
+def test_one_bad_message_does_not_hide_the_others() -> None:
+    data = load("three_messages")
+    msgs = data["entry"][0]["changes"][0]["value"]["messages"]
+    msgs[1] = {"type": "text", "text": {"body": "no id"}}
+    msgs.append({"id": "wamid.X", "type": "location", "location": {"latitude": "far"}})
+    texts = [e.message.text for e in parse(data, NUMBERS, NOW) if isinstance(e, Incoming)]
+    assert texts == ["first", "third"]
+
+
+def test_other_objects_and_fields_are_ignored() -> None:
+    assert parse({"object": "page", "entry": []}, NUMBERS, NOW) == []
+    data = load("text")
+    data["entry"][0]["changes"][0]["field"] = "message_template_status_update"
+    assert parse(data, NUMBERS, NOW) == []
