@@ -388,6 +388,19 @@ class _Runner:
                     self.turn_task.cancel()
                 return
 
+    async def _fence(self) -> None:
+        """Before each model call: extend the lease, or stop the run. The heartbeat alone can
+        be late under load; this way a model call only starts while the lease surely holds."""
+        try:
+            held = await self.mgr.store.renew_lease(
+                self.skey, self.mgr.owner, self.policy.lease_ttl_s
+            )
+        except StoreError:
+            held = False
+        if not held:
+            self.lease_lost = True
+            raise asyncio.CancelledError  # ends the turn as if interrupted; nothing is committed
+
     async def _work(self) -> None:
         while not self.lease_lost:
             self.poked = False
@@ -447,6 +460,7 @@ class _Runner:
             state=session.state,
             steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
             workspace=self._workspace(),
+            guard=self._fence,
             confirmations=[
                 (m.group(2), m.group(1) == "confirm")
                 for i in batch

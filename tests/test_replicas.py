@@ -50,7 +50,7 @@ async def cluster(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[Call
     replicas: list[Replica] = []
     async with pg_schema() as url:
 
-        async def start(n: int, *, lease_ttl_s: float = 1.5, grace_s: float = 1.0) -> list[Replica]:
+        async def start(n: int, *, lease_ttl_s: float = 3.0, grace_s: float = 1.0) -> list[Replica]:
             started = []
             for i in range(n):
                 port = _free_port()

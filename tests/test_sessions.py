@@ -461,3 +461,25 @@ async def test_restart_delivers_committed_but_unsent_parts_once(
     assert rig.outlet.texts(key("O")) == ["crashed before sending"]
     assert await store.outbox_pending(skey) == []
     assert unsent.id > sent_before.id
+
+
+async def test_a_run_whose_lease_was_taken_makes_no_further_model_call(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    rig: Rig = await make_rig(tool_first=True)
+    skey = str(key("L"))
+    original = rig.model.complete
+
+    async def steal_during_first_call(request: ModelRequest, on_delta: Any = None) -> Any:
+        if len(rig.model.requests) == 0:  # another replica takes the lease meanwhile
+            await store.release_lease(skey, rig.manager.owner)
+            assert await store.acquire_lease(skey, "other-replica", 30.0)
+        return await original(request, on_delta)
+
+    rig.model.complete = steal_during_first_call  # type: ignore[method-assign]
+    await rig.manager.submit(msg("hello", "L"))
+    await settle(rig)
+    assert len(rig.model.requests) == 1  # the second call was fenced off
+    assert rig.outlet.texts(key("L")) == []
+    assert [i.message.text for i in await store.pending(skey)] == ["hello"]
+    assert ("discarded", key("L")) in [(e[0], e[1]) for e in rig.outlet.events]

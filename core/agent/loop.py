@@ -94,6 +94,7 @@ class Turn:
     steer: Steer | None = None  # returns messages that arrived mid-run (queue mode "steer")
     workspace: Path | None = None  # the session's folder for kept results and files
     confirmations: list[tuple[str, bool]] = field(default_factory=list)  # (token, confirmed)
+    guard: Callable[[], Awaitable[None]] | None = None  # runs before each model call; may cancel
 
 
 @dataclass(slots=True)
@@ -195,6 +196,8 @@ class AgentLoop:
                 max_tokens=max_tokens,
                 temperature=lim.temperature,
             )
+            if turn.guard is not None:
+                await turn.guard()
             call_started = time.monotonic()
             response = await self._model.complete(request, on_delta)
             call_seconds = time.monotonic() - call_started
