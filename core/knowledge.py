@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf")
 INDEX_VERSION = 1  # bump when tokenize, keywords or the stored layout change
 KEYWORDS = 5  # per section
+K1, B = 1.5, 0.75  # BM25 term saturation and length normalization
 _WORD = re.compile(r"[a-z0-9]+")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 STOPWORDS = frozenset(
@@ -79,7 +80,7 @@ class Hit:
 
 
 class KnowledgeBase:
-    def __init__(self, sections: list[Section], *, k1: float = 1.5, b: float = 0.75) -> None:
+    def __init__(self, sections: list[Section], *, k1: float = K1, b: float = B) -> None:
         # headings count twice: they say what a section is about
         docs = [Counter(tokenize(s.title) * 2 + tokenize(s.text)) for s in sections]
         self._setup(sections, docs, k1, b)
@@ -152,7 +153,7 @@ class KnowledgeBase:
             log.warning("knowledge index %s is unreadable; rebuilding it", cache)
             return None
         kb = cls.__new__(cls)
-        kb._setup(sections, docs, 1.5, 0.75)
+        kb._setup(sections, docs, K1, B)
         return kb
 
     def _store(self, cache: Path, fingerprint: str) -> None:
@@ -167,6 +168,7 @@ class KnowledgeBase:
             for s, d in zip(self.sections, self._docs, strict=True)
         ]
         data = {"version": INDEX_VERSION, "fingerprint": fingerprint, "sections": rows}
+        tmp: str | None = None
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=cache.parent, prefix=cache.name, suffix=".tmp")
@@ -175,6 +177,8 @@ class KnowledgeBase:
             os.replace(tmp, cache)  # atomic: a concurrent reader sees the old or the new index
         except OSError as exc:
             log.warning("could not store the knowledge index at %s: %s", cache, exc)
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
     def sources(self) -> list[str]:
         """The known sources, in order; the only ones `read` serves."""

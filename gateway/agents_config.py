@@ -92,6 +92,11 @@ class AgentSettings(_Section):
     timezone: str = "UTC"  # what current_time answers in, e.g. "Europe/Madrid"
     workspace_dir: str = "data/workspace"  # one folder per session: kept tool results, files
     tools: list[str] | None = None  # tools this agent may use; None: every tool configured
+    knowledge_cache: str = "data/knowledge-index.json"  # the stored search index
+    skills_dir: str = "config/skills"  # one folder per skill with a SKILL.md; may be absent
+    skill_timeout_s: float = Field(default=20.0, gt=0, lt=115)
+    skill_memory_mb: int = Field(default=256, ge=16, le=16_384)
+    skill_max_output_bytes: int = Field(default=65_536, ge=1024, le=10_000_000)
     limits: LimitsSettings = LimitsSettings()
 
     _tz = field_validator("timezone")(_zone)
@@ -110,6 +115,8 @@ class AgentOverride(_Section):
     greeting: str | None = None
     timezone: str | None = None
     tools: list[str] | None = None
+    knowledge_cache: str | None = None
+    skills_dir: str | None = None
     limits: LimitsSettings | None = None
     model: ModelSettings | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -22,6 +23,7 @@ from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
 from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
+from core.skills import Skill, discover_skills, skills_prompt
 from core.store import SqliteStore, Store
 from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
@@ -97,7 +99,7 @@ class Runtime:
     ) -> Runtime:
         """`model` replaces every agent's configured model (tests, benchmarks)."""
         rules = {name: ch.output_rules for name, ch in channels.items()}
-        knowledge: dict[str, KnowledgeBase] = {}
+        knowledge: dict[tuple[str, str], KnowledgeBase] = {}
         models: list[ModelClient] = [model] if model else []
         profiles: dict[str, AgentProfile] = {}
         for name, agent in settings.resolved_agents().items():
@@ -105,16 +107,17 @@ class Runtime:
                 log.info("agent %s is a draft: not served", name)
                 continue
             a = agent.settings
-            kb = knowledge.get(a.knowledge_dir)
+            where = (a.knowledge_dir, _cache_path(a))
+            kb = knowledge.get(where)
             if kb is None:
-                kb = knowledge[a.knowledge_dir] = KnowledgeBase.from_dir(a.knowledge_dir)
+                kb = knowledge[where] = KnowledgeBase.load(*where)
+            skills = discover_skills(a.skills_dir)
             client = model
             if client is None:
                 client = build_model(agent.model)
                 models.append(client)
-            profiles[name] = _profile(
-                name, a, client, agent_tools(a, kb, settings.tools.http), rules, settings
-            )
+            tools = agent_tools(a, kb, settings.tools.http, skills)
+            profiles[name] = _profile(name, a, client, tools, skills, rules, settings)
         store = store or build_store(settings)
         router = Router([Binding(**b.model_dump()) for b in settings.bindings])
         manager = SessionManager(
@@ -155,11 +158,22 @@ def _quota(settings: Settings) -> QuotaPolicy:
     )
 
 
+def _cache_path(a: AgentSettings) -> str:
+    """One stored index per knowledge directory, so agents with different ones never
+    overwrite each other's."""
+    if a.knowledge_dir == AgentSettings().knowledge_dir:
+        return a.knowledge_cache
+    digest = hashlib.sha1(a.knowledge_dir.encode(), usedforsecurity=False).hexdigest()[:8]
+    stem, dot, ext = a.knowledge_cache.rpartition(".")
+    return f"{stem}-{digest}{dot}{ext}" if dot else f"{a.knowledge_cache}-{digest}"
+
+
 def _profile(
     name: str,
     a: AgentSettings,
     model: ModelClient,
     tools: ToolRegistry,
+    skills: list[Skill],
     rules: dict[str, str],
     settings: Settings,
 ) -> AgentProfile:
@@ -174,7 +188,7 @@ def _profile(
     )
     return AgentProfile(
         name=name,
-        instructions=a.instructions,
+        instructions="\n\n".join(p for p in (a.instructions, skills_prompt(skills)) if p),
         loop=AgentLoop(model, tools, limits),
         policy=SessionPolicy(
             queue_mode=a.queue_mode,

@@ -28,6 +28,7 @@ from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
 from core.agent.scripted import load_script
 from core.errors import ConfigError
+from core.skills import discover_skills
 from gateway.agents_config import (
     DEFAULT_AGENT,
     AgentOverride,
@@ -293,6 +294,10 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
             p.append(("agents.default", "the default agent is configured in [agent]"))
         if not Path(agent.settings.knowledge_dir).is_dir():
             p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
+        try:
+            discover_skills(agent.settings.skills_dir)
+        except ConfigError as exc:
+            p.extend((f"{key}.skills_dir", f"{k}: {m}") for k, m in exc.problems)
         known = set(BUILTIN_TOOLS) | set(s.tools.http)
         unknown = sorted(set(agent.settings.tools or ()) - known)
         if unknown:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from core.agent.builtin import SearchKnowledge, SendButtons
+from pathlib import Path
+
+from core.agent.builtin import SendButtons
 from core.agent.http_tools import HttpTool
+from core.agent.knowledge_tools import ReadKnowledge, SearchKnowledge
 from core.agent.session_tools import (
     CurrentTime,
     HandoffToHuman,
@@ -12,14 +15,17 @@ from core.agent.session_tools import (
     SetState,
     UpdatePlan,
 )
+from core.agent.skill_tools import LoadSkill, RunSkillScript
 from core.agent.tools import Tool, ToolRegistry
 from core.knowledge import KnowledgeBase
+from core.skills import Skill
 from gateway.agents_config import AgentSettings, HttpToolSettings
 
 __all__ = ["BUILTIN_TOOLS", "agent_tools"]
 
 BUILTIN_TOOLS = (
     "search_knowledge",
+    "read_knowledge",
     "send_buttons",
     "update_plan",
     "set_state",
@@ -27,15 +33,21 @@ BUILTIN_TOOLS = (
     "current_time",
     "read_result",
     "handoff_to_human",
+    "load_skill",
+    "run_skill_script",
 )
 
 
 def agent_tools(
-    agent: AgentSettings, knowledge: KnowledgeBase, http: dict[str, HttpToolSettings]
+    agent: AgentSettings,
+    knowledge: KnowledgeBase,
+    http: dict[str, HttpToolSettings],
+    skills: list[Skill],
 ) -> ToolRegistry:
     """The tools this agent is granted (`tools`), or every configured tool when unset."""
     every: list[Tool] = [
         SearchKnowledge(knowledge),
+        ReadKnowledge(knowledge),
         SendButtons(),
         UpdatePlan(),
         SetState(),
@@ -44,5 +56,16 @@ def agent_tools(
         ReadResult(),
         HandoffToHuman(),
     ]
+    if skills:
+        every.append(LoadSkill(skills))
+        every.append(
+            RunSkillScript(
+                skills,
+                Path(agent.workspace_dir),
+                timeout_s=agent.skill_timeout_s,
+                memory_mb=agent.skill_memory_mb,
+                max_output_bytes=agent.skill_max_output_bytes,
+            )
+        )
     every.extend(HttpTool(section.spec(name)) for name, section in http.items())
     return ToolRegistry(every).select(agent.tools)

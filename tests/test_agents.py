@@ -159,3 +159,24 @@ def test_models_are_built_with_their_fallback(tmp_path: Path) -> None:
         _write(tmp_path, '[model]\ntimeout_s = 60\n[model.fallback]\nprovider = "offline"\n')
     )
     assert "model.fallback" in [k for k, _ in settings_warnings(slow)]
+
+
+def test_runtime_wires_knowledge_index_and_skills(tmp_path: Path) -> None:
+    from gateway.runtime import Runtime
+
+    s = load_settings(_write(tmp_path, f'[agent]\nknowledge_cache = "{tmp_path}/index.json"\n'))
+    runtime = Runtime.build(s, {})
+    profile = runtime.agents["default"]
+    assert "rental-quote" in profile.instructions  # the skill's one-line summary
+    names = [spec.name for spec in profile.loop._tools.specs()]
+    assert {"load_skill", "run_skill_script", "read_knowledge"} <= set(names)
+    assert (tmp_path / "index.json").is_file()  # the search index is stored
+
+
+def test_a_broken_skill_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    skills = tmp_path / "skills" / "bad"
+    skills.mkdir(parents=True)
+    (skills / "SKILL.md").write_text("---\nname: Not A Valid Name\n---\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(_write(tmp_path, f'[agent]\nskills_dir = "{tmp_path}/skills"\n'))
+    assert "agent.skills_dir" in [k for k, _ in err.value.problems]

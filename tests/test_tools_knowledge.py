@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, Field
 
-from core.agent.builtin import SNIPPET_CHARS, SearchArgs, SearchKnowledge
+from core.agent.knowledge_tools import SNIPPET_CHARS, SearchArgs, SearchKnowledge
 from core.agent.loop import AgentEvent, AgentLoop, Limits, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.model import ChatMessage, ModelRequest
 from core.agent.offline import GREETING, NO_SEARCH, NOT_FOUND, OfflineModel
@@ -321,7 +321,7 @@ async def test_search_knowledge_output_shape(kb: KnowledgeBase) -> None:
     assert out["query"] == "rental prices"
     assert 1 <= len(out["results"]) <= 2
     for r in out["results"]:
-        assert set(r) == {"source", "section", "text", "score"}
+        assert set(r) == {"source", "section", "keywords", "text", "score"}
         assert r["source"] in KNOWLEDGE_FILES
         assert isinstance(r["score"], float)
         assert r["score"] > 0

@@ -10,7 +10,14 @@ from core.agent.tools import ToolContext
 from core.errors import ToolError
 from core.knowledge import KnowledgeBase
 
-__all__ = ["READ_CHARS", "SNIPPET_CHARS", "ReadArgs", "ReadKnowledge", "SearchArgs", "SearchKnowledge"]
+__all__ = [
+    "READ_CHARS",
+    "SNIPPET_CHARS",
+    "ReadArgs",
+    "ReadKnowledge",
+    "SearchArgs",
+    "SearchKnowledge",
+]
 
 SNIPPET_CHARS = 900
 READ_CHARS = 4000  # what read_knowledge returns at most; the rest is read section by section
@@ -44,6 +51,7 @@ class SearchKnowledge:
                 {
                     "source": h.section.source,
                     "section": h.section.title,
+                    "keywords": list(h.section.keywords),
                     "text": _snippet(h.section.text),
                     "score": round(h.score, 3),
                 }
