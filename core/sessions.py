@@ -536,6 +536,10 @@ class _Runner:
                     state if state != session.state else None,
                 )
             )
+        except StoreError:  # not committed (lease lost, store down): the preview must go
+            if live is not None:
+                await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
+            raise
         finally:
             self.committing = False
         if outcome.handoff:

@@ -1,0 +1,65 @@
+"""The Bolt app behind the route for interactivity and slash commands (events take the short
+path in inbound.py). It makes no network call at start or on the request path: `authorize`
+answers from our own bot identity."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Protocol
+
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.identity import BotIdentity
+
+__all__ = ["Sink", "build_bolt"]
+
+_ANY = re.compile(".*")
+
+
+class Sink(Protocol):
+    """Where the listeners hand what they normalized (the adapter's inbound side)."""
+
+    def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None: ...
+
+    def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None: ...
+
+
+def build_bolt(
+    signing_secret: str, api_base: str, identity: BotIdentity, inbound: Sink
+) -> AsyncApp:
+    """An AsyncApp whose listeners acknowledge, then hand the payload to `inbound`."""
+
+    async def authorize(
+        enterprise_id: str | None, team_id: str | None, user_id: str | None
+    ) -> AuthorizeResult:
+        # a plain function: Bolt passes arguments by the parameter names it finds
+        return await identity.authorize(enterprise_id, team_id, user_id)
+
+    app = AsyncApp(
+        name="switchboard",
+        signing_secret=signing_secret,
+        authorize=authorize,
+        # without a token Bolt never calls auth.test itself; listeners make no Web API calls
+        client=AsyncWebClient(base_url=api_base + "/"),
+        process_before_response=False,
+    )
+
+    @app.action(_ANY)
+    async def on_action(ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        task = inbound.on_action(body)
+        if task is not None:
+            await task
+
+    @app.command(_ANY)
+    async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
+        await ack()
+        task = inbound.on_command(body)
+        if task is not None:
+            await task
+
+    return app

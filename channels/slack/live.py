@@ -1,0 +1,216 @@
+"""Live feedback while a run lasts: a thinking status and a preview of the reply.
+
+Thinking: `assistant.threads.setStatus` in a thread (Slack accepts it in assistant threads
+only); elsewhere, or when refused, a reaction on the person's message, removed at the end.
+Preview: streaming = "update" posts the text so far and edits it at most once a second;
+"stream" uses chat.startStream / appendStream / stopStream, which Slack allows only as a
+thread reply (a DM without a thread falls back to "update"). A run shorter than one interval
+shows no preview at all. The final reply replaces the preview (the adapter edits it), and a
+discarded run deletes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from channels.slack.chunk import sections
+from channels.slack.client import SlackApi
+from channels.slack.format import to_mrkdwn
+from channels.slack.settings import SlackSettings
+from core.errors import ChannelError, StoreError
+from core.models import SessionKey
+from core.store import Store
+
+__all__ = ["Live", "Preview"]
+
+log = logging.getLogger(__name__)
+UPDATE_INTERVAL = 1.0
+STREAM_INTERVAL = 0.5
+PREVIEWS_MAX = 1000
+THINKING = "is thinking…"
+_TS = re.compile(r"^\d+\.\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A message showing a run's text so far, to be replaced by its final reply."""
+
+    channel: str
+    ts: str
+
+
+@dataclass(eq=False)
+class _Run:
+    key: SessionKey
+    stream: bool
+    trigger_ts: str | None
+    user: str | None
+    last_flush: float
+    status: str | None = None  # "assistant" | "reaction"
+    text: str = ""
+    flushed: int = 0
+    broken: bool = False  # the preview failed for good; the final reply still goes out
+    preview_ts: str | None = None
+    pump: asyncio.Task[None] | None = None
+    inflight: asyncio.Future[None] | None = None
+
+
+class Live:
+    def __init__(self, api: SlackApi, store: Store, settings: SlackSettings) -> None:
+        self._api, self._store = api, store
+        self._mode = settings.streaming
+        self._status = settings.status_messages
+        self._reaction = settings.status_reaction
+        self._runs: dict[str, _Run] = {}
+        self._previews: OrderedDict[str, Preview] = OrderedDict()
+        self._no_assistant: set[str] = set()  # channels where setStatus was refused
+
+    def preview(self, run_id: str | None) -> Preview | None:
+        return None if run_id is None else self._previews.get(run_id)
+
+    def forget(self, run_id: str | None) -> None:
+        if run_id is not None:
+            self._previews.pop(run_id, None)
+
+    async def started(self, key: SessionKey, run_id: str) -> None:
+        stream = self._mode == "stream" and key.thread is not None
+        trigger_ts, user = await self._trigger(key) if self._status or stream else (None, None)
+        run = _Run(key, stream, trigger_ts, user, last_flush=time.monotonic())
+        self._runs[run_id] = run
+        if self._status:
+            await self._status_on(run)
+
+    async def delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        run = self._runs.get(run_id)
+        if run is None or self._mode == "off" or run.broken:
+            return
+        run.text += text
+        if run.pump is None or run.pump.done():
+            run.pump = asyncio.create_task(self._pump(run))
+
+    async def ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        run = self._runs.pop(run_id, None)
+        if run is None:
+            return
+        await self._stop_pump(run)
+        await self._status_off(run)
+        if run.preview_ts is None:
+            return
+        if run.stream:
+            await _quiet(self._api.stop_stream(key.conversation, run.preview_ts), key)
+        if discarded:
+            await _quiet(self._api.delete(key.conversation, run.preview_ts), key)
+            return
+        self._previews[run_id] = Preview(key.conversation, run.preview_ts)
+        while len(self._previews) > PREVIEWS_MAX:
+            self._previews.popitem(last=False)
+
+    async def aclose(self) -> None:
+        for run in list(self._runs.values()):
+            await self._stop_pump(run)
+
+    # thinking status
+
+    async def _trigger(self, key: SessionKey) -> tuple[str | None, str | None]:
+        """The ts and author of the newest message this run answers (still pending now)."""
+        try:
+            items = await self._store.pending(str(key))
+        except StoreError:
+            return None, None
+        for item in reversed(items):
+            channel, _, ts = item.message.platform_id.partition(":")
+            if channel == key.conversation and _TS.match(ts):
+                return ts, item.message.sender.id
+        return None, items[-1].message.sender.id if items else None
+
+    async def _status_on(self, run: _Run) -> None:
+        key = run.key
+        if key.thread is not None and key.conversation not in self._no_assistant:
+            try:
+                await self._api.set_status(key.conversation, key.thread, THINKING)
+            except ChannelError as exc:
+                if not exc.retryable:
+                    self._no_assistant.add(key.conversation)
+            else:
+                run.status = "assistant"
+                return
+        if run.trigger_ts is not None:
+            react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=True)
+            if await _quiet(react, key):
+                run.status = "reaction"
+
+    async def _status_off(self, run: _Run) -> None:
+        key = run.key
+        if run.status == "assistant" and key.thread is not None:
+            await _quiet(self._api.set_status(key.conversation, key.thread, ""), key)
+        elif run.status == "reaction" and run.trigger_ts is not None:
+            react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=False)
+            await _quiet(react, key)
+
+    # preview
+
+    async def _pump(self, run: _Run) -> None:
+        while len(run.text) > run.flushed and not run.broken:
+            interval = STREAM_INTERVAL if run.stream else UPDATE_INTERVAL
+            wait = run.last_flush + interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            run.inflight = asyncio.ensure_future(self._flush(run))
+            await asyncio.shield(run.inflight)  # a cancelled pump still learns the preview's ts
+            run.last_flush = max(run.last_flush, time.monotonic())
+
+    async def _flush(self, run: _Run) -> None:
+        key, text = run.key, run.text
+        try:
+            if run.stream and run.preview_ts is None and key.thread is not None:
+                run.preview_ts = await self._api.start_stream(
+                    key.conversation, key.thread, text, key.account, run.user
+                )
+            elif run.stream and run.preview_ts is not None:
+                await self._api.append_stream(key.conversation, run.preview_ts, text[run.flushed :])
+            elif run.preview_ts is None:
+                preview = _preview(text)
+                run.preview_ts = await self._api.post(key.conversation, preview, [], key.thread)
+            else:
+                await self._api.update(key.conversation, run.preview_ts, _preview(text), [])
+        except ChannelError as exc:
+            extra = {"session": str(key), "channel": key.channel}
+            if run.stream and run.preview_ts is None:
+                log.info("slack stream refused (%s); editing a message instead", exc, extra=extra)
+                run.stream = False
+            elif exc.retryable:
+                run.last_flush = time.monotonic() + (exc.retry_after or 0.0)
+            else:
+                log.warning("slack preview stopped: %s", exc, extra=extra)
+                run.broken = True
+            return
+        run.flushed = len(text)
+
+    async def _stop_pump(self, run: _Run) -> None:
+        if run.pump is not None:
+            run.pump.cancel()
+            await asyncio.gather(run.pump, return_exceptions=True)
+        if run.inflight is not None:
+            await asyncio.gather(run.inflight, return_exceptions=True)
+
+
+def _preview(markdown: str) -> str:
+    """The text so far as mrkdwn, at most one section long, marked as unfinished."""
+    first = sections(to_mrkdwn(markdown))[:1]
+    return f"{first[0]} …" if first else "…"
+
+
+async def _quiet(call: Awaitable[None], key: SessionKey) -> bool:
+    """Best-effort feedback: a failure is logged, never raised."""
+    try:
+        await call
+    except ChannelError as exc:
+        log.info("slack live feedback failed: %s", exc, extra={"session": str(key)})
+        return False
+    return True

@@ -1,0 +1,62 @@
+"""Socket Mode: events and interactivity over a websocket opened with the app-level token,
+for workspaces without a public URL. Each envelope is acknowledged first, then fed to the
+same normalization as the webhook route."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.inbound import Inbound
+
+__all__ = ["SocketMode"]
+
+log = logging.getLogger(__name__)
+
+
+class SocketMode:
+    def __init__(self, app_token: str, web_client: AsyncWebClient, inbound: Inbound) -> None:
+        self._token, self._web, self._inbound = app_token, web_client, inbound
+        self._client: SocketModeClient | None = None
+        self._connecting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect in the background: an unreachable Slack must not hold up the gateway."""
+        client = SocketModeClient(app_token=self._token, web_client=self._web, logger=log)
+        client.socket_mode_request_listeners.append(self._on_request)
+        self._client = client
+        connect: Callable[[], Coroutine[Any, Any, None]] = client.connect  # untyped in the SDK
+        self._connecting = asyncio.create_task(connect(), name="slack socket mode")
+
+    async def _on_request(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
+        payload: Any = req.payload
+        if not isinstance(payload, dict):
+            return
+        if req.type == "events_api" and payload.get("type") == "event_callback":
+            self._inbound.on_event(payload)
+        elif req.type == "interactive":
+            self._inbound.on_action(payload)
+        elif req.type == "slash_commands":
+            self._inbound.on_command(payload)
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if self._connecting is not None:
+            self._connecting.cancel()
+            await asyncio.gather(self._connecting, return_exceptions=True)
+        close: Callable[[], Coroutine[Any, Any, None]] = client.close  # untyped in the SDK
+        await close()
+        # close() cancels the client's own tasks without waiting for them
+        tasks = [client.message_processor, client.current_session_monitor, client.message_receiver]
+        await asyncio.gather(*(t for t in tasks if t is not None), return_exceptions=True)

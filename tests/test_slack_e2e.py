@@ -1,0 +1,400 @@
+"""End to end: the real app, signed requests to POST /webhooks/slack, a fake Slack Web API and
+a fake model. Every assertion is on what the fake Slack received or what the store holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import pytest_asyncio
+
+from core.errors import StoreError
+from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
+from tests.fake_slack import (
+    BOT_USER,
+    FakeSlack,
+    SlackGateway,
+    event,
+    gateway_config,
+    message,
+    payload,
+    run_gateway,
+)
+
+DM, CHAN = "D0DM000001", "C0CHAN0001"
+
+
+@pytest_asyncio.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    yield fake
+    await fake.aclose()
+
+
+@pytest_asyncio.fixture
+async def gw(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> AsyncIterator[SlackGateway]:
+    async with run_gateway(gateway_config(tmp_path, slack, fake_openai.url)) as gateway:
+        yield gateway
+
+
+def mention(text: str, *, ts: str | None = None, thread: str | None = None) -> dict[str, Any]:
+    inner = message(CHAN, f"<@{BOT_USER}> {text}", ts=ts)
+    inner.update(type="app_mention")
+    inner.pop("channel_type")
+    if thread is not None:
+        inner["thread_ts"] = thread
+    return event(inner)
+
+
+def texts(posted: list[dict[str, Any]]) -> list[str]:
+    return [m["text"] for m in posted]
+
+
+async def delivery(
+    gw: SlackGateway, conversation: str, thread: str | None = None
+) -> list[tuple[str, str | None, str | None]]:
+    """Once every reply part of the session has left the outbox: (status, delivery, error)."""
+    async with asyncio.timeout(10):
+        while True:
+            entries = await gw.transcript(conversation, thread)
+            ids = [int(e.id.removeprefix("out-")) for e in entries if e.role == "assistant"]
+            states = [s for i in ids if (s := await gw.store.delivery(i)) is not None]
+            if states and all(s[0] != "pending" for s in states):
+                return states
+            await asyncio.sleep(0.05)
+
+
+async def test_dm_is_answered_in_the_dm(gw: SlackGateway, slack: FakeSlack) -> None:
+    r = await gw.post(event(message(DM, "hello &amp; welcome")))
+    assert r.status_code == 200
+    posted = await slack.wait_for(lambda: slack.posted(DM))
+    assert texts(posted) == ["echo: hello &amp; welcome"]
+    assert posted[0]["thread_ts"] is None
+    assert slack.problems == []
+
+
+async def test_mention_in_a_channel_is_answered_in_its_thread(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    await gw.post(mention("what time is it?", ts="1750000100.000200"))
+    posted = await slack.wait_for(lambda: slack.posted(CHAN))
+    assert posted[0]["thread_ts"] == "1750000100.000200"
+    assert posted[0]["text"] == "echo: what time is it?"
+
+
+async def test_threads_are_isolated_sessions(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    await gw.post(mention("I am Alice", ts="1750000001.000001"))
+    await gw.post(mention("I am Bob", ts="1750000002.000001"))
+    await gw.post(event(message(DM, "I am Carol")))
+    await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2 and slack.posted(DM))
+    await gw.post(mention("who am I?", thread="1750000001.000001"))
+    await slack.wait_for(lambda: len(slack.posted(CHAN)) == 3)
+    threads = {m["text"]: m["thread_ts"] for m in slack.posted(CHAN)}
+    assert threads["echo: who am I?"] == "1750000001.000001"
+    assert threads["echo: I am Bob"] == "1750000002.000001"
+    follow_up = json.dumps(fake_openai.requests[-1]["messages"])
+    assert "Alice" in follow_up
+    assert "Bob" not in follow_up
+    assert "Carol" not in follow_up
+
+
+async def test_retry_storm_is_answered_once(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    body = event(message(DM, "only once"))
+    first = await gw.post(body)
+    retries = await asyncio.gather(
+        *(
+            gw.post(
+                body, headers={"X-Slack-Retry-Num": str(n), "X-Slack-Retry-Reason": "http_timeout"}
+            )
+            for n in (1, 2, 3)
+        ),
+        gw.post(body),  # the same event_id again, without retry headers
+    )
+    assert [r.status_code for r in (first, *retries)] == [200] * 5
+    await slack.wait_for(lambda: slack.posted(DM))
+    await asyncio.sleep(0.3)
+    assert texts(slack.posted(DM)) == ["echo: only once"]
+    assert len(fake_openai.requests) == 1
+    assert [e.role for e in await gw.transcript(DM)] == ["user", "assistant"]
+
+
+async def test_a_retry_of_an_event_we_never_saw_is_still_answered(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    body = event(message(DM, "first delivery was lost"))
+    r = await gw.post(
+        body, headers={"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "connection_failed"}
+    )
+    assert r.status_code == 200
+    assert texts(await slack.wait_for(lambda: slack.posted(DM))) == [
+        "echo: first delivery was lost"
+    ]
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["wrong secret", "stale", "future", "missing", "not a number", "body changed"],
+)
+async def test_bad_or_stale_signatures_are_refused_and_nothing_is_stored(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI, tamper: str
+) -> None:
+    body = json.dumps(event(message(DM, "forged"))).encode()
+    now = int(time.time())
+    if tamper == "wrong secret":
+        r = await gw.post(body, secret="not-the-secret")
+    elif tamper in ("stale", "future"):
+        r = await gw.post(body, ts=now - 301 if tamper == "stale" else now + 310)
+    elif tamper == "missing":
+        r = await gw.post(body, signed=False)
+    elif tamper == "not a number":
+        r = await gw.post(
+            body,
+            signed=False,
+            headers={"X-Slack-Request-Timestamp": "soon", "X-Slack-Signature": "v0=00"},
+        )
+    else:
+        from tests.fake_slack import sign
+
+        headers = sign(gw.secret, body)
+        r = await gw.post(body.replace(b"forged", b"forgeD"), signed=False, headers=headers)
+    assert r.status_code == 401
+    assert r.json() == {"error": "invalid request"}
+    await asyncio.sleep(0.2)
+    assert await gw.transcript(DM) == []
+    assert fake_openai.requests == []
+    assert slack.calls == []
+
+
+async def test_url_verification_is_answered_with_the_challenge_and_no_call_to_slack(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    body = payload("url_verification")
+    r = await gw.post(body)
+    assert r.status_code == 200
+    assert r.json() == {"challenge": body["challenge"]}
+    assert (await gw.post(body, signed=False)).status_code == 401
+    assert slack.calls == []  # no auth.test at start or on the request path
+
+
+async def test_events_get_503_when_the_store_is_not_keeping_up(
+    gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI
+) -> None:
+    monkeypatch.setattr("channels.slack.inbound.MAX_IN_FLIGHT", 0)
+    r = await gw.post(event(message(DM, "later please")))
+    assert r.status_code == 503
+    await asyncio.sleep(0.2)
+    assert await gw.transcript(DM) == []
+
+
+async def test_an_event_is_stored_before_it_is_acknowledged(
+    gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI
+) -> None:
+    body = event(message(DM, "keep me"))
+    original = gw.store.put_inbound
+    failures = [StoreError("database unavailable")]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(gw.store, "put_inbound", flaky)
+    assert (await gw.post(body)).status_code == 503  # not stored: Slack must retry
+    assert await gw.transcript(DM) == []
+    retry = await gw.post(body, headers={"X-Slack-Retry-Num": "1"})
+    assert retry.status_code == 200  # the retry is not mistaken for a copy
+    assert [e.text for e in await gw.transcript(DM)][:1] == ["keep me"]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b"payload=%7Bnot+json",
+        b'{"type": "url_verification", "challenge": 5}',
+    ],
+)
+async def test_malformed_signed_bodies_get_a_4xx_never_a_5xx(gw: SlackGateway, raw: bytes) -> None:
+    r = await gw.post(raw)
+    assert 400 <= r.status_code < 500
+
+
+async def test_bots_edits_and_other_events_never_start_a_run(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    names = [
+        "own_message",
+        "other_bot_message",
+        "message_changed",
+        "message_deleted",
+        "channel_join",
+        "reaction_added",
+        "app_rate_limited",
+    ]
+    for name in names:
+        assert (await gw.post(payload(name))).status_code == 200
+    await gw.post(event(message(DM, "a person")))
+    await slack.wait_for(lambda: slack.posted(DM))
+    await asyncio.sleep(0.2)
+    assert len(fake_openai.requests) == 1
+    assert [e.text for e in await gw.transcript(DM)] == ["a person", "echo: a person"]
+
+
+async def test_a_mention_that_also_arrives_as_message_is_one_message(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    as_message, as_mention = payload("message_with_mention"), payload("app_mention")
+    await asyncio.gather(gw.post(as_message), gw.post(as_mention))
+    await slack.wait_for(lambda: slack.posted(CHAN))
+    await asyncio.sleep(0.3)
+    assert len(slack.posted(CHAN)) == 1
+    assert len(fake_openai.requests) == 1
+    entries = await gw.transcript(CHAN, "1750000100.000200")
+    assert [e.role for e in entries] == ["user", "assistant"]
+
+
+async def test_ack_is_immediate_while_the_agent_is_busy(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.responder = lambda body: Text("slow answer", delay_s=1.5)
+    await gw.post(event(message(DM, "first")))
+    started = time.monotonic()
+    for i in range(5):
+        assert (await gw.post(event(message(DM, f"more {i}")))).status_code == 200
+    assert time.monotonic() - started < 1.0
+    await slack.wait_for(lambda: slack.posted(DM), timeout=15)
+
+
+async def test_ten_thousand_character_reply_is_delivered_within_limits_and_in_order(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    paragraphs = []
+    for i in range(12):
+        paragraphs.append(f"Step {i}: " + " ".join(f"w{i}_{j} &" for j in range(50)))
+        code = "\n".join(f"    value_{i}_{j} = compute({j}) < limit" for j in range(12))
+        paragraphs.append(f"```python\n{code}\n```")
+    reply = "\n\n".join(paragraphs)
+    assert 9_500 <= len(reply) <= 11_000
+    fake_openai.responder = lambda body: Text(reply)
+    await gw.post(mention("write a lot", ts="1750000100.000200"))
+    assert [s[0] for s in await delivery(gw, CHAN, "1750000100.000200")] == ["sent"]
+    posted = slack.posted(CHAN)
+    assert slack.problems == []
+    sections = [b["text"]["text"] for m in posted for b in m["blocks"] if b["type"] == "section"]
+    assert all(len(s) <= 3000 for s in sections)
+    assert all(m["thread_ts"] == "1750000100.000200" for m in posted)
+    body = "\n".join(sections)
+    words = [w for w in body.split() if w.startswith(("w", "value_"))]
+    expected = [w for w in reply.split() if w.startswith(("w", "value_"))]
+    assert words == expected
+
+
+async def test_button_round_trip(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    buttons = '{"buttons": [{"label": "Yes, book it", "value": "yes"}, {"label": "No"}]}'
+    fake_openai.script(ToolCalls([("send_buttons", buttons)]), Text("Shall I book it?"))
+    await gw.post(mention("book a table", ts="1750000100.000200"))
+    (question,) = await slack.wait_for(lambda: slack.posted(CHAN))
+    actions = [b for b in question["blocks"] if b["type"] == "actions"]
+    yes = actions[0]["elements"][0]
+    assert (yes["text"]["text"], yes["value"]) == ("Yes, book it", "yes")
+
+    click = payload("block_actions")
+    click["container"]["message_ts"] = click["message"]["ts"] = question["ts"]
+    click["actions"][0].update(action_id=yes["action_id"], value=yes["value"])
+    form = urlencode({"payload": json.dumps(click)}).encode()
+    r = await gw.post(form)
+    assert r.status_code == 200
+    await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2)
+    answer = slack.posted(CHAN)[1]
+    assert answer["thread_ts"] == "1750000100.000200"
+    assert "pressed the button: Yes, book it" in last_user_text(fake_openai.requests[-1])
+
+
+async def test_slash_command_reset_is_answered_by_core(gw: SlackGateway, slack: FakeSlack) -> None:
+    form = urlencode(payload("slash_command")).encode()
+    r = await gw.post(form)
+    assert r.status_code == 200
+    (reply,) = await slack.wait_for(lambda: slack.posted(DM))
+    assert "start over" in reply["text"]
+
+
+async def test_rate_limited_then_sent_once_after_retry_after(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    slack.fail("chat.postMessage", 429, retry_after=1)
+    await gw.post(event(message(DM, "busy workspace")))
+    await slack.wait_for(lambda: slack.posted(DM), timeout=10)
+    calls = [c for c in slack.calls if c.method == "chat.postMessage"]
+    assert len(calls) == 2
+    assert calls[1].at - calls[0].at >= 0.95
+    assert texts(slack.posted(DM)) == ["echo: busy workspace"]
+
+
+async def test_server_errors_are_retried(gw: SlackGateway, slack: FakeSlack) -> None:
+    slack.fail("chat.postMessage", 500, retry_after=None)
+    await gw.post(event(message(DM, "flaky")))
+    await slack.wait_for(lambda: slack.posted(DM), timeout=10)
+    assert len(slack.called("chat.postMessage")) == 2
+
+
+async def test_not_in_channel_is_recorded_and_not_retried(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    slack.channel_errors[CHAN] = "not_in_channel"
+    await gw.post(mention("hello?", ts="1750000100.000200"))
+    (state,) = await delivery(gw, CHAN, "1750000100.000200")
+    assert state[0] == "failed"
+    assert "not_in_channel" in (state[2] or "")
+    await asyncio.sleep(0.3)
+    assert len(slack.called("chat.postMessage")) == 1
+
+
+async def test_shared_file_is_downloaded_with_the_bot_token(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    body = payload("file_share")
+    body["event_id"] = "Ev0FILE_E2E"
+    files = body["event"]["files"]
+    files[0]["url_private_download"] = slack.add_file(
+        "invoice.pdf", b"%PDF-1.7 ok", "application/pdf"
+    )
+    files.append(
+        dict(files[0], name="elsewhere.pdf", url_private_download="https://evil.example/x.pdf")
+    )
+    await gw.post(body)
+    await slack.wait_for(lambda: slack.posted(DM))
+    saved = list((tmp_path / "files").rglob("*invoice.pdf"))
+    assert [p.read_bytes() for p in saved] == [b"%PDF-1.7 ok"]
+    seen = last_user_text(fake_openai.requests[0])
+    assert "[attachment document invoice.pdf application/pdf]" in seen
+    assert "elsewhere.pdf application/pdf: not downloaded: host not allowed" in seen
+
+
+async def test_a_reply_in_a_joined_thread_is_answered_when_configured(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'reply_in_threads = "all"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(mention("start", ts="1750000100.000200"))
+        await slack.wait_for(lambda: slack.posted(CHAN))
+        await gw.post(event(message(CHAN, "no mention here", thread_ts="1750000100.000200")))
+        await gw.post(event(message(CHAN, "other thread", thread_ts="1750000999.000200")))
+        await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2)
+        await asyncio.sleep(0.3)
+    assert texts(slack.posted(CHAN)) == ["echo: start", "echo: no mention here"]

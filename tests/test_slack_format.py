@@ -1,0 +1,176 @@
+"""Markdown to mrkdwn, and chunking under Slack's limits (examples and property tests)."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from markdown_it import MarkdownIt
+
+from channels.slack.chunk import BUTTON_TEXT, SECTION_LIMIT, messages, sections
+from channels.slack.format import to_mrkdwn
+from tests.fake_slack import mrkdwn_problems
+
+_MD = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
+_LINK = re.compile(r"<([^<>|]*)\|([^<>]*)>")
+_BARE = re.compile(r"<([^<>|]*)>")
+
+
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn"),
+    [
+        ("**b**", "*b*"),
+        ("*i* and _i_", "_i_ and _i_"),
+        ("~~s~~", "~s~"),
+        ("[t](https://u.example/x)", "<https://u.example/x|t>"),
+        ("<https://auto.example>", "<https://auto.example>"),
+        ("# Title\n\ntext", "*Title*\n\ntext"),
+        ("## **Bold** title", "*Bold title*"),
+        ("a & b < c > d", "a &amp; b &lt; c &gt; d"),
+        ("- one\n- two\n  - deep", "• one\n• two\n  ◦ deep"),
+        ("3. three\n4. four", "3. three\n4. four"),
+        (
+            "```python\nif a < b && c:\n    pass\n```",
+            "```\nif a &lt; b &amp;&amp; c:\n    pass\n```",
+        ),
+        ("`x<y`", "`x&lt;y`"),
+        ("> quoted\n> more", "> quoted\n> more"),
+        ("[t](https://u.example/?a=1&b=2|3)", "<https://u.example/?a=1&amp;b=2%7C3|t>"),
+        ("[docs](relative/path)", "docs (relative/path)"),
+        ("[x](javascript:alert(1))", "[x](javascript:alert(1))"),
+        ("<!channel> and <@U123>", "&lt;!channel&gt; and &lt;@U123&gt;"),
+    ],
+)
+def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
+    assert to_mrkdwn(markdown) == mrkdwn
+
+
+def _visible_markdown(markdown: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", _MD.render(markdown)))
+
+
+def _visible_mrkdwn(mrkdwn: str) -> str:
+    text = _BARE.sub(r"\1", _LINK.sub(r"\2", mrkdwn)).replace("\u200b", "")
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+
+
+def _alnum(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum())
+
+
+def _is_subsequence(needle: str, haystack: str) -> bool:
+    it = iter(haystack)
+    return all(ch in it for ch in needle)
+
+
+_TOKENS = st.sampled_from(
+    [
+        "**",
+        "*",
+        "_",
+        "~~",
+        "`",
+        "```\n",
+        "\n```\n",
+        "# ",
+        "\n- ",
+        "\n1. ",
+        "\n> ",
+        "\n\n",
+        "\n",
+        "[t](https://u.example/a&b)",
+        "<https://auto.example>",
+        "![alt](https://img.example/i.png)",
+        "[rel](p q)",
+        "<b>",
+        "&",
+        "<",
+        ">",
+        "|",
+        "\\",
+        "<@U1>",
+        "<!here>",
+        "| a | b |\n|---|---|\n| 1 | 2 |\n",
+        "&amp;",
+        "&copy;",
+        "\n    indented code\n",
+        "\n[a]: https://ref.example\n",
+        "[a]",
+        "\n---\n",
+    ]
+)
+_WORDS = st.text(alphabet="abcXYZ019 .-()[]!#", min_size=1, max_size=12)
+MARKDOWN = st.lists(st.one_of(_TOKENS, _WORDS), max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MARKDOWN)
+def test_output_has_no_raw_control_characters_and_keeps_the_visible_text(markdown: str) -> None:
+    out = to_mrkdwn(markdown)
+    assert mrkdwn_problems(out) == []
+    assert _is_subsequence(_alnum(_visible_markdown(markdown)), _alnum(_visible_mrkdwn(out)))
+
+
+LONG = st.lists(
+    st.one_of(
+        MARKDOWN,
+        st.integers(1, 400).map(
+            lambda n: "```\n" + "\n".join(f"x = {i} & y" for i in range(n)) + "\n```"
+        ),
+        st.integers(1, 5000).map(lambda n: "word " * n),
+        st.integers(3001, 7000).map(lambda n: "z" * n),
+    ),
+    max_size=8,
+).map("\n\n".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(LONG)
+def test_sections_fit_close_their_code_blocks_and_keep_everything_in_order(markdown: str) -> None:
+    out = to_mrkdwn(markdown)
+    parts = sections(out)
+    for part in parts:
+        assert 0 < len(part) <= SECTION_LIMIT
+        assert mrkdwn_problems(part) == []
+    assert _alnum(_visible_mrkdwn("".join(parts))) == _alnum(_visible_mrkdwn(out))
+
+
+def test_a_cut_code_block_is_closed_and_reopened() -> None:
+    code = "```\n" + "\n".join(f"line {i:04d} <tag>" for i in range(600)) + "\n```"
+    parts = sections(to_mrkdwn(code))
+    assert len(parts) > 1
+    for part in parts:
+        assert part.startswith("```\n")
+        assert part.endswith("\n```")
+    lines = [line for p in parts for line in p.split("\n") if line != "```"]
+    assert lines == [f"line {i:04d} &lt;tag&gt;" for i in range(600)]
+
+
+def test_a_long_line_is_cut_at_spaces_outside_links_and_entities() -> None:
+    text = " ".join(["<https://example.com/a|a link with spaces>", "&amp;"] * 400)
+    for part in sections(text):
+        assert len(part) <= SECTION_LIMIT
+        assert mrkdwn_problems(part) == []
+
+
+def test_messages_stay_under_fifty_blocks_and_always_have_fallback_text() -> None:
+    parts = [f"section {i}" for i in range(120)]
+    batch = messages(parts, [(f"b{i}", f"v{i}") for i in range(30)])
+    assert all(len(m.blocks) <= 50 for m in batch)
+    assert all(m.text for m in batch)
+    texts = [b["text"]["text"] for m in batch for b in m.blocks if b["type"] == "section"]
+    assert texts == parts
+    actions = [b for m in batch for b in m.blocks if b["type"] == "actions"]
+    assert [len(a["elements"]) for a in actions] == [25, 5]
+
+
+def test_buttons_are_cut_to_slack_limits() -> None:
+    (message,) = messages([], [("L" * 200, "v" * 3000), ("", "only-value")])
+    first, second = message.blocks[0]["elements"]
+    assert len(first["text"]["text"]) == BUTTON_TEXT
+    assert len(first["value"]) == 2000
+    assert second["text"]["text"] == "only-value"
+    assert message.text  # the labels stand in for the notification text

@@ -1,0 +1,127 @@
+"""Live feedback end to end: thinking status, streamed previews replaced by the final reply,
+discarded runs leaving nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+
+from tests.fake_openai import FakeOpenAI, Text, last_user_text
+from tests.fake_slack import (
+    BOT_USER,
+    TEAM,
+    FakeSlack,
+    event,
+    gateway_config,
+    message,
+    run_gateway,
+)
+
+DM, CHAN, THREAD = "D0DM000001", "C0CHAN0001", "1750000100.000200"
+WORDS = " ".join(f"word{i}" for i in range(24))
+
+
+@pytest_asyncio.fixture
+async def slack() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    yield fake
+    await fake.aclose()
+
+
+def mention(text: str, ts: str = THREAD) -> dict[str, Any]:
+    inner = message(CHAN, f"<@{BOT_USER}> {text}", ts=ts)
+    inner.update(type="app_mention")
+    return event(inner)
+
+
+def methods(slack: FakeSlack) -> list[str]:
+    return [c.method for c in slack.calls]
+
+
+async def test_update_mode_edits_one_message_at_most_once_a_second_then_finalizes_it(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.1)
+    async with run_gateway(gateway_config(tmp_path, slack, fake_openai.url)) as gw:
+        user_msg = message(DM, "tell me a story")
+        await gw.post(event(user_msg))
+        await slack.wait_for(
+            lambda: slack.posted(DM) and "reactions.remove" in methods(slack), timeout=10
+        )
+    (final,) = slack.posted(DM)
+    assert final["text"] == WORDS
+    assert final["blocks"][0]["text"]["text"] == WORDS
+    assert final["edits"] >= 2  # at least one preview edit, then the final text
+    assert len(slack.called("chat.postMessage")) == 1
+    updates = [c for c in slack.calls if c.method == "chat.update"]
+    previews = [c for c in updates if c.args["text"].endswith(" …")]
+    assert previews
+    between_previews = itertools.pairwise(updates[:-1])  # the final edit may come sooner
+    assert all(b.at - a.at >= 0.9 for a, b in between_previews)
+    assert updates[-1].args["blocks"]  # the final replaces the preview's text with blocks
+    calls = methods(slack)
+    assert calls[0] == "reactions.add"
+    assert slack.called("reactions.add")[0]["timestamp"] == user_msg["ts"]
+    assert calls.index("reactions.remove") > calls.index("chat.postMessage")
+    assert slack.reactions == {(DM, user_msg["ts"]): set()}
+    assert slack.problems == []
+
+
+async def test_stream_mode_streams_in_the_thread_and_the_final_reply_replaces_it(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.08)
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "stream"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(mention("stream please"))
+        await slack.wait_for(lambda: slack.called("chat.update"), timeout=10)
+    (start,) = slack.called("chat.startStream")
+    assert (start["thread_ts"], start["recipient_team_id"]) == (THREAD, TEAM)
+    assert start["recipient_user_id"] == "U0USER0001"
+    assert slack.called("chat.appendStream")
+    assert len(slack.called("chat.stopStream")) == 1
+    assert slack.called("chat.postMessage") == []
+    (final,) = slack.posted(CHAN)
+    assert final["thread_ts"] == THREAD
+    assert not final["streaming"]
+    assert final["text"] == WORDS
+    assert final["blocks"][0]["text"]["text"] == WORDS
+
+
+async def test_assistant_threads_get_a_status_instead_of_a_reaction(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    slack.assistant_threads.add((CHAN, THREAD))
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "off"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(mention("status?"))
+        await slack.wait_for(lambda: len(slack.statuses) == 2 and slack.posted(CHAN))
+    assert slack.statuses == [(CHAN, THREAD, "is thinking…"), (CHAN, THREAD, "")]
+    assert slack.called("reactions.add") == []
+
+
+async def test_a_discarded_run_deletes_its_preview(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    def answer(body: dict[str, Any]) -> Text:
+        if "second" in last_user_text(body):
+            return Text("answer to both")
+        return Text(WORDS + " " + WORDS, chunk_delay_s=0.1)
+
+    fake_openai.responder = answer
+    config = gateway_config(tmp_path, slack, fake_openai.url, '[agent]\nqueue_mode = "interrupt"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(event(message(DM, "first")))
+        await slack.wait_for(lambda: slack.called("chat.postMessage"), timeout=10)
+        await gw.post(event(message(DM, "second")))
+        await slack.wait_for(lambda: any(m["text"] == "answer to both" for m in slack.posted(DM)))
+        await asyncio.sleep(0.2)
+    assert [m["text"] for m in slack.posted(DM)] == ["answer to both"]
+    assert len(slack.called("chat.delete")) == 1
+    assert slack.problems == []

@@ -1,0 +1,49 @@
+"""Socket Mode end to end: apps.connections.open on the fake Web API, envelopes over the fake
+websocket, each acknowledged, then answered through the Web API like webhook events."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from tests.fake_openai import FakeOpenAI, last_user_text
+from tests.fake_slack import FakeSlack, gateway_config, payload, run_gateway
+
+
+async def test_socket_mode_acks_envelopes_and_answers_through_the_web_api(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    slack = FakeSlack()
+    await slack.start()
+    try:
+        config = gateway_config(tmp_path, slack, fake_openai.url, 'mode = "socket"\n')
+        async with run_gateway(config):
+            envelope = payload("socket_events_api")
+            await slack.push(envelope)
+            (reply,) = await slack.wait_for(lambda: slack.posted("D0DM000001"))
+            assert reply["text"] == "echo: hello over the socket"
+            assert envelope["envelope_id"] in slack.acks
+
+            redelivery = copy.deepcopy(envelope)
+            redelivery.update(envelope_id="second-envelope", retry_attempt=1)
+            await slack.push(redelivery)
+            await slack.wait_for(lambda: "second-envelope" in slack.acks)
+
+            click = payload("block_actions")
+            click["channel"]["id"] = click["container"]["channel_id"] = "D0DM000001"
+            await slack.push(
+                {
+                    "envelope_id": "click-1",
+                    "type": "interactive",
+                    "payload": click,
+                    "retry_attempt": 0,
+                }
+            )
+            await slack.wait_for(lambda: len(slack.posted("D0DM000001")) == 2)
+            assert "click-1" in slack.acks
+    finally:
+        await slack.aclose()
+    opened = [c for c in slack.calls if c.method == "apps.connections.open"]
+    assert len(opened) == 1
+    assert len(fake_openai.requests) == 2  # the redelivered envelope started nothing
+    assert "pressed the button: Yes, book it" in last_user_text(fake_openai.requests[1])
