@@ -162,37 +162,34 @@ class SqliteStore:
         payload = msg.model_dump_json()
 
         async def op(c: aiosqlite.Connection) -> PutResult:
+            # one statement in the common case: the queue cap is read inside the insert, and
+            # a redelivery inserts nothing (the writer serializes all of this anyway)
             row = await _fetchone(
                 c,
-                "SELECT id FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
-                (msg.channel, msg.account, msg.platform_id),
-            )
-            if row is not None:
-                return PutResult(row[0], InboxStatus.DUPLICATE)
-            queued = await _fetchone(
-                c, "SELECT count(*) FROM inbox WHERE session = ? AND status = 'pending'", (session,)
-            )
-            status = InboxStatus.PENDING if queued[0] < max_pending else InboxStatus.OVERFLOW
-            cur = await c.execute(
                 "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
-                " received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " received_at) SELECT ?, ?, ?, ?, ?, CASE WHEN (SELECT count(*) FROM inbox"
+                " WHERE session = ? AND status = 'pending') < ? THEN 'pending' ELSE 'overflow'"
+                " END, ? WHERE true ON CONFLICT (channel, account, platform_id) DO NOTHING"
+                " RETURNING id, status",
                 (
                     session,
                     msg.channel,
                     msg.account,
                     msg.platform_id,
                     payload,
-                    status,
+                    session,
+                    max_pending,
                     msg.received_at,
                 ),
             )
-            await c.execute(
-                "INSERT INTO sessions (key, last_activity) VALUES (?, ?)"
-                " ON CONFLICT (key) DO UPDATE SET last_activity = excluded.last_activity",
-                (session, time.time()),
+            if row is not None:
+                return PutResult(row[0], InboxStatus(row[1]))
+            existing = await _fetchone(
+                c,
+                "SELECT id FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
+                (msg.channel, msg.account, msg.platform_id),
             )
-            assert cur.lastrowid is not None
-            return PutResult(cur.lastrowid, status)
+            return PutResult(existing[0], InboxStatus.DUPLICATE)
 
         result: PutResult = await self._write(op)
         return result
