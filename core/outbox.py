@@ -27,7 +27,8 @@ class Outlet(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DeliveryPolicy:
-    max_attempts: int = 6
+    max_attempts: int = 6  # failures (5xx, network)
+    max_waits: int = 50  # rate-limit answers with retry_after; a flood must not drop a reply
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0
 
@@ -64,6 +65,7 @@ class Outbox:
             await self._store.mark_failed(part.id, "channel not enabled", permanent=True)
             return
         attempts = part.attempts
+        waits = 0  # retries the platform asked for (retry_after): capped apart from failures
         while True:
             try:
                 platform_id = await outlet.send(key, part)
@@ -78,8 +80,15 @@ class Outbox:
                 await self._store.mark_sent(part.id, platform_id)
                 self._telemetry.send(key.channel, "sent")
                 return
-            attempts += 1
-            permanent = not retryable or attempts >= self._policy.max_attempts
+            if limited:
+                waits += 1
+            else:
+                attempts += 1
+            permanent = (
+                not retryable
+                or attempts >= self._policy.max_attempts
+                or waits >= self._policy.max_waits
+            )
             await self._store.mark_failed(part.id, error[:500], permanent=permanent)
             self._telemetry.send(
                 key.channel, "failed" if permanent else "retry", rate_limited=limited

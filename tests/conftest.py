@@ -15,6 +15,8 @@ from core.store import SqliteStore, Store
 from tests.fake_openai import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parent.parent
+# python-telegram-bot 22 warns (an error here) unless its retry_after is a timedelta
+os.environ.setdefault("PTB_TIMEDELTA", "true")
 
 
 @pytest.fixture(autouse=True)

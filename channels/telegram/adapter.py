@@ -1,0 +1,260 @@
+"""The Telegram channel: webhook route or long polling in, Delivery and Live out.
+
+Media and the webhook: Telegram redelivers an update until it gets a 2xx, and the agent needs
+the files, so a message with media is stored only once its files are fetched. On the webhook
+path that fetch is bounded (`media_timeout_s`, 5 s by default, well inside Telegram's patience);
+whatever is not downloaded by then is stored described as "not downloaded (reason)" rather than
+holding the request or losing the message. Long polling has no deadline to meet, so it fetches
+inline (bounded at a minute) before storing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import Coroutine
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiohttp import web
+from pydantic import ValidationError
+
+from channels.base import ChannelContext
+from channels.telegram.client import TelegramClient
+from channels.telegram.live import Live
+from channels.telegram.media import fetch_all
+from channels.telegram.outbound import CALLBACK_NS, CALLBACK_PREFIX, Delivery
+from channels.telegram.parse import Identity, Incoming, ParseOptions, Update, normalize
+from channels.telegram.settings import TelegramSettings
+from core.errors import ChannelError
+from core.models import MessageKind, OutboundPart, SessionKey
+from core.store import InboxStatus
+
+__all__ = ["OUTPUT_RULES", "TelegramAdapter"]
+
+log = logging.getLogger(__name__)
+CHANNEL = "telegram"
+ROUTE = "/webhooks/telegram"
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+IDENTITY_NS = "telegram_identity"  # bot id → @username learnt from getMe
+POLL_MEDIA_TIMEOUT_S = 60.0
+OUTPUT_RULES = (
+    "Telegram shows Markdown: **bold**, *italic*, ~~strikethrough~~, `code`, fenced code "
+    "blocks, > quotes, [links](https://example.com) and lists. Tables show as plain rows, so "
+    "prefer lists. Keep answers short, like a chat message."
+)
+
+
+class TelegramAdapter:
+    """Channel adapter, LiveOutlet, HttpRoutes (webhook mode) and Lifecycle."""
+
+    name = CHANNEL
+    output_rules = OUTPUT_RULES
+
+    def __init__(
+        self, section: TelegramSettings, ctx: ChannelContext, client: TelegramClient | None = None
+    ) -> None:
+        self._section, self._ctx = section, ctx
+        self._client = client or TelegramClient(section)
+        self._webhook = section.effective_mode(ctx.public_url) == "webhook"
+        secret = section.webhook_secret
+        self._secret = secret.get_secret_value().encode() if secret else b""
+        self._me = Identity(self._client.bot_id, section.bot_username)
+        self._opts = ParseOptions(section.group_mode, section.edited_messages)
+        self._live = Live(self._client, ctx.store, streaming=section.streaming)
+        self._delivery = Delivery(self._client, ctx.store, self._live)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    # HttpRoutes
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post(ROUTE, self._handle_webhook)] if self._webhook else []
+
+    async def _handle_webhook(self, request: web.Request) -> web.Response:
+        given = request.headers.get(SECRET_HEADER, "").encode()
+        if not self._secret or not hmac.compare_digest(given, self._secret):
+            return web.json_response({"error": "forbidden"}, status=403)
+        raw = await request.read()
+        try:
+            update = Update.model_validate_json(raw)
+        except ValidationError as exc:
+            return web.json_response({"error": _reason(exc)}, status=400)
+        await self._accept(update, self._section.media_timeout_s)
+        return web.json_response({"ok": True})
+
+    # Lifecycle
+
+    async def start(self) -> None:
+        await self._learn_identity(wait_s=5.0)
+        if not self._webhook:
+            self._spawn(self._poll(), "telegram polling")
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._live.aclose()
+        await self._http.aclose()
+        await self._client.aclose()
+
+    # Outlet and LiveOutlet
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        if self._closed:  # the part stays stored (the outbox waits, then is cancelled) and
+            # goes out after the restart
+            raise ChannelError("the Telegram channel is closed", retryable=True, retry_after=60)
+        return await self._delivery.send(key, part)
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None:
+        if not self._closed:
+            await self._live.run_started(key, run_id)
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        if not self._closed:
+            await self._live.run_delta(key, run_id, text)
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        if not self._closed:
+            await self._live.run_ended(key, run_id, discarded=discarded)
+
+    # inbound, shared by both modes
+
+    async def _accept(self, update: Update, media_timeout_s: float) -> None:
+        """Normalize, fetch media, store (deduped), then acknowledge a button press."""
+        incoming = normalize(update, self._me, self._opts)
+        if incoming is not None:
+            await self._store(incoming, media_timeout_s)
+        if update.callback_query is not None:
+            query_id = update.callback_query.id
+            self._spawn(self._answer(query_id), "telegram callback answer")
+
+    async def _store(self, incoming: Incoming, media_timeout_s: float) -> None:
+        msg = incoming.message
+        key = self._ctx.session_key(msg)
+        if msg.button_value and msg.button_value.startswith(CALLBACK_PREFIX):
+            value = await self._ctx.store.kv_get(CALLBACK_NS, msg.button_value)
+            if value is not None:
+                text = value if msg.text == msg.button_value else msg.text
+                msg = msg.model_copy(update={"button_value": value, "text": text})
+        if incoming.media:
+            attachments = await fetch_all(
+                incoming.media,
+                client=self._client,
+                http=self._http,
+                ctx=self._ctx,
+                key=key,
+                timeout_s=media_timeout_s,
+            )
+            msg = msg.model_copy(update={"attachments": attachments})
+        result = await self._ctx.submit(msg)
+        extra = {"session": str(key), "channel": CHANNEL}
+        if result.status is InboxStatus.DUPLICATE:
+            log.info("update %s was already stored", msg.platform_id, extra=extra)
+            for a in msg.attachments:  # this copy of its files is not needed
+                if a.path:
+                    with contextlib.suppress(OSError):
+                        await asyncio.to_thread(Path(a.path).unlink)
+            return
+        mid = msg.platform_id.partition(":")[2]
+        if mid.isdigit() and msg.kind is not MessageKind.BUTTON:
+            self._live.last_inbound[str(key)] = int(mid)
+
+    async def _answer(self, query_id: str) -> None:
+        bot = self._client.bot
+        try:
+            await self._client.call(lambda: bot.answer_callback_query(query_id))
+        except ChannelError as exc:
+            log.info("callback query %s not answered: %s", query_id, exc)
+
+    # long polling
+
+    async def _poll(self) -> None:
+        """getUpdates forever; an update is confirmed (by asking past it) only once stored, so a
+        crash redelivers it and the inbox's dedupe makes that harmless."""
+        bot, s = self._client.bot, self._section
+        with contextlib.suppress(ChannelError):
+            await self._client.call(lambda: bot.delete_webhook(drop_pending_updates=False))
+        offset: int | None = None
+        failures = 0
+        while True:
+            try:
+                batch = await self._client.call(
+                    partial(
+                        bot.get_updates,
+                        offset=offset,
+                        timeout=s.poll_timeout_s,
+                        allowed_updates=s.allowed_updates,
+                    )
+                )
+                for item in batch:
+                    await self._poll_one(item.to_dict())
+                    offset = item.update_id + 1
+                failures = 0
+            except Exception as exc:  # the loop must outlive any one failure
+                failures += 1
+                delay = min(0.5 * 2 ** min(failures - 1, 6), 30.0)
+                if isinstance(exc, ChannelError) and exc.retry_after:
+                    delay = max(delay, exc.retry_after)
+                log.warning("telegram polling failed (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+
+    async def _poll_one(self, data: dict[str, Any]) -> None:
+        try:
+            update = Update.model_validate(data)
+        except ValidationError as exc:
+            log.warning("skipping an update Telegram sent that we cannot read: %s", _reason(exc))
+            return
+        await self._accept(update, POLL_MEDIA_TIMEOUT_S)
+
+    # identity
+
+    async def _learn_identity(self, wait_s: float) -> None:
+        """Know our @username for mentions: configured, cached in the store, or from getMe
+        (waited for briefly at start, then retried in the background)."""
+        if self._me.username:
+            return
+        cached = await self._ctx.store.kv_get(IDENTITY_NS, self._me.bot_id)
+        if cached:
+            self._me = Identity(self._me.bot_id, cached)
+            return
+        try:
+            await asyncio.wait_for(self._get_me(), wait_s)
+        except (ChannelError, TimeoutError) as exc:
+            log.warning("getMe failed (%s); mentions are recognised once it succeeds", exc)
+            self._spawn(self._get_me_retrying(), "telegram getMe")
+
+    async def _get_me(self) -> None:
+        bot = self._client.bot
+        user = await self._client.call(bot.get_me)
+        if user.username:
+            self._me = Identity(self._me.bot_id, user.username)
+            await self._ctx.store.kv_set(IDENTITY_NS, self._me.bot_id, user.username)
+
+    async def _get_me_retrying(self) -> None:
+        delay = 2.0
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._get_me()
+                return
+            except ChannelError as exc:
+                log.info("getMe failed again: %s", exc)
+                delay = min(delay * 2, 300.0)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _reason(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "body"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,251 @@
+"""While a run lasts: "typing…" refreshed every 4 s, and a preview of the reply as it is written.
+
+Private chats get sendMessageDraft (an ephemeral preview the final sendMessage replaces); if the
+server does not know the method, that is remembered and previews fall back to edit-in-place, as
+in groups: one message edited at most once a second per chat, a new one started before 4096
+units. The preview messages are handed to the final send, which edits them into the reply (or
+deletes them), so a reply never shows twice; a discarded run deletes its preview.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import partial
+
+from telegram.constants import ChatAction, ParseMode
+
+from channels.telegram.client import BLOCKED, TelegramClient
+from channels.telegram.markdown import render
+from core.errors import ChannelError, StoreError
+from core.models import SessionKey
+from core.store import Store
+
+__all__ = ["Handover", "Live", "Preview", "digest"]
+
+log = logging.getLogger(__name__)
+TYPING_EVERY_S = 4.0
+EDIT_EVERY_S = 1.0
+PREVIEWS_NS = "telegram_preview"
+_KEEP = 1000  # finished previews waiting for their final send
+
+
+def digest(html: str) -> str:
+    """A short fingerprint of what a message shows (to skip edits that change nothing)."""
+    return hashlib.sha256(html.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """A finished run's preview messages, for the final send to edit into the reply."""
+
+    ids: list[int] = field(default_factory=list)
+    shown: list[str] = field(default_factory=list)  # digest of each one's current HTML
+    reply_to: int | None = None
+
+
+@dataclass
+class Preview:
+    """A run's live state, and the preview messages the final send must take over."""
+
+    run_id: str
+    chat_id: int
+    thread: int | None
+    reply_to: int | None
+    draft: bool
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    shown: list[str] = field(default_factory=list)  # digests
+    last: float = 0.0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    pump: asyncio.Task[None] | None = None
+    typing: asyncio.Task[None] | None = None
+
+
+class Live:
+    """LiveOutlet behaviour for one bot."""
+
+    def __init__(self, client: TelegramClient, store: Store, *, streaming: bool) -> None:
+        self._client, self._store, self._streaming = client, store, streaming
+        self._drafts = True  # until the server says it has no sendMessageDraft
+        self._running: dict[str, Preview] = {}
+        self._finished: OrderedDict[str, Preview] = OrderedDict()
+        self.last_inbound: dict[str, int] = {}  # session → newest stored message id
+
+    async def run_started(self, key: SessionKey, run_id: str) -> None:
+        chat = int(key.conversation)
+        state = Preview(
+            run_id=run_id,
+            chat_id=chat,
+            thread=int(key.thread) if key.thread else None,
+            reply_to=self.last_inbound.get(str(key)) if chat < 0 else None,
+            draft=chat > 0 and self._drafts,
+        )
+        old = self._running.pop(str(key), None)
+        if old is not None:
+            await self._stop(old)
+        self._running[str(key)] = state
+        state.typing = asyncio.create_task(self._type(state), name=f"typing {key}")
+
+    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
+        state = self._running.get(str(key))
+        if not self._streaming or state is None or state.run_id != run_id:
+            return
+        state.text += text
+        if state.pump is None:
+            state.pump = asyncio.create_task(self._pump(key, state), name=f"preview {key}")
+
+    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
+        state = self._running.get(str(key))
+        if state is None or state.run_id != run_id:
+            return
+        del self._running[str(key)]
+        await self._stop(state)
+        if discarded:
+            await self.delete(state.chat_id, state.ids)
+            if state.ids:
+                await self._remember(key, None)
+            return
+        self._finished[run_id] = state
+        while len(self._finished) > _KEEP:
+            self._finished.popitem(last=False)
+
+    async def take(self, key: SessionKey, run_id: str) -> Handover:
+        """The preview messages of a finished run, handed over once; from the store when this
+        process did not stream it (it restarted in between)."""
+        state = self._finished.pop(run_id, None)
+        if state is not None:
+            if state.ids:
+                await self._remember(key, None)
+            return Handover(state.ids, state.shown, state.reply_to)
+        try:
+            raw = await self._store.kv_get(PREVIEWS_NS, str(key))
+        except StoreError:
+            return Handover()
+        saved = json.loads(raw) if raw else {}
+        if saved.get("run") != run_id:
+            return Handover()
+        await self._remember(key, None)
+        return Handover(saved["ids"], saved["shown"], saved.get("reply_to"))
+
+    async def aclose(self) -> None:
+        for state in list(self._running.values()):
+            await self._stop(state)
+        self._running.clear()
+
+    async def delete(self, chat_id: int, ids: list[int]) -> None:
+        for mid in ids:
+            with contextlib.suppress(ChannelError):
+                await self._client.call(partial(self._client.bot.delete_message, chat_id, mid))
+
+    async def _stop(self, state: Preview) -> None:
+        state.stop.set()
+        tasks = [t for t in (state.pump, state.typing) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _type(self, state: Preview) -> None:
+        bot = self._client.bot
+        while not state.stop.is_set():
+            try:
+                await self._client.call(
+                    lambda: bot.send_chat_action(
+                        state.chat_id, ChatAction.TYPING, message_thread_id=state.thread
+                    )
+                )
+            except ChannelError as exc:
+                log.debug("typing action failed: %s", exc)
+                if exc.code == BLOCKED:
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(state.stop.wait(), TYPING_EVERY_S)
+
+    async def _pump(self, key: SessionKey, state: Preview) -> None:
+        """Show the text so far, at most once a second, until nothing new is left."""
+        while not state.stop.is_set():
+            wait = state.last + EDIT_EVERY_S - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(state.stop.wait(), wait)
+                if state.stop.is_set():
+                    break
+            seen = len(state.text)
+            try:
+                await self._show(key, state)
+            except ChannelError as exc:
+                log.info("preview not shown: %s", exc, extra={"session": str(key)})
+            state.last = time.monotonic()
+            if len(state.text) == seen:
+                break
+        state.pump = None
+
+    async def _show(self, key: SessionKey, state: Preview) -> None:
+        chunks = render(state.text).chunks()
+        if not chunks:
+            return
+        bot, chat = self._client.bot, state.chat_id
+        if state.draft:
+            html = chunks[-1][0]
+            draft_id = _draft_id(state.run_id) + len(chunks) - 1
+            try:
+                await self._client.call(  # ephemeral: not a message the chat's budget counts
+                    lambda: bot.send_message_draft(
+                        chat, draft_id, html, state.thread, parse_mode=ParseMode.HTML
+                    )
+                )
+                return
+            except ChannelError as exc:
+                if exc.code not in ("not_found", "bad_request") or "parse" in str(exc).lower():
+                    raise
+                log.info("sendMessageDraft unavailable (%s); previews edit messages instead", exc)
+                self._drafts = state.draft = False
+        await self._roll(key, state, chunks)
+
+    async def _roll(self, key: SessionKey, state: Preview, pages: list[tuple[str, str]]) -> None:
+        """Edit the preview messages whose text changed; start the next one when the text
+        outgrows the last."""
+        for i, (html, plain) in enumerate(pages):
+            if i < len(state.ids):
+                if state.shown[i] != digest(html):
+                    await self._client.edit_text(state.chat_id, state.ids[i], html, plain)
+                    state.shown[i] = digest(html)
+                continue
+            mid = await self._client.send_text(
+                state.chat_id,
+                html,
+                plain,
+                thread=state.thread,
+                reply_to=state.reply_to if not state.ids else None,
+            )
+            state.ids.append(mid)
+            state.shown.append(digest(html))
+            await self._remember(key, state)
+
+    async def _remember(self, key: SessionKey, state: Preview | None) -> None:
+        """Keep the preview ids in the store, so a restart before the final send still
+        replaces them instead of leaving a second copy."""
+        value = (
+            json.dumps(
+                {
+                    "run": state.run_id,
+                    "ids": state.ids,
+                    "shown": state.shown,
+                    "reply_to": state.reply_to,
+                }
+            )
+            if state is not None
+            else ""
+        )
+        with contextlib.suppress(StoreError):
+            await self._store.kv_set(PREVIEWS_NS, str(key), value)
+
+
+def _draft_id(run_id: str) -> int:
+    """A non-zero id per run (within 31 bits), with room for 63 more previews after it."""
+    seed = int(hashlib.sha256(run_id.encode()).hexdigest()[:6], 16)
+    return (seed << 6) + 1

@@ -1,0 +1,206 @@
+"""Reply parts → Telegram messages: HTML chunks sent strictly in order, buttons on the last one,
+the run's streamed preview edited into the reply (never both left), and each chunk sent once
+even when a later one fails and the outbox retries the part."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from telegram import InlineKeyboardButton, InlineKeyboardMarkup
+
+from channels.telegram.client import BLOCKED, TelegramClient
+from channels.telegram.live import Live, digest
+from channels.telegram.markdown import render
+from channels.telegram.parse import message_id_of
+from core.errors import ChannelError, StoreError
+from core.models import Button, OutboundPart, Reply, SessionKey
+from core.store import Store
+
+__all__ = ["CALLBACK_NS", "CALLBACK_PREFIX", "Delivery"]
+
+log = logging.getLogger(__name__)
+CALLBACK_NS = "telegram_cb"  # long button values, by the short id sent as callback_data
+CALLBACK_PREFIX = "sb:"
+BLOCKED_NS = "telegram_blocked"  # chat id → when Telegram said the bot was blocked
+PROGRESS_NS = "telegram_progress"  # part id → chunks already delivered
+BUTTONS_ONLY = "⬇️"  # Telegram needs text under a keyboard
+
+
+@dataclass
+class _Progress:
+    done: list[int] = field(default_factory=list)  # message ids of the chunks delivered
+    targets: list[int] = field(default_factory=list)  # preview messages to edit into chunks
+    shown: list[str] = field(default_factory=list)  # digests of what the previews show
+    reply_to: int | None = None
+
+
+class Delivery:
+    """The Outlet half of the adapter: `send` one stored reply part."""
+
+    def __init__(self, client: TelegramClient, store: Store, live: Live) -> None:
+        self._client, self._store, self._live = client, store, live
+        self._progress: OrderedDict[int, _Progress] = OrderedDict()
+        self._blocked: dict[int, float | None] = {}
+
+    async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        chat = int(key.conversation)
+        thread = int(key.thread) if key.thread else None
+        await self._check_blocked(key, chat)
+        chunks = _chunks(part.reply, str(key))
+        progress = await self._start(key, part, chat)
+        markup = await self._keyboard(part.reply.buttons) if part.reply.buttons else None
+        try:
+            for i in range(len(progress.done), len(chunks)):
+                last = markup if i == len(chunks) - 1 else None
+                mid = await self._chunk(chat, thread, i, chunks[i], last, progress, str(key))
+                progress.done.append(mid)
+                if len(chunks) > 1:
+                    await self._save(part.id, progress)
+        except ChannelError as exc:
+            if exc.code == BLOCKED:
+                await self._mark_blocked(chat)
+            raise
+        await self._live.delete(chat, progress.targets[len(chunks) :])  # previews left over
+        self._progress.pop(part.id, None)
+        if len(chunks) > 1:
+            with contextlib.suppress(StoreError):
+                await self._store.kv_set(PROGRESS_NS, str(part.id), "")
+        return str(progress.done[0]) if progress.done else None
+
+    async def _chunk(
+        self,
+        chat: int,
+        thread: int | None,
+        i: int,
+        chunk: tuple[str, str],
+        markup: InlineKeyboardMarkup | None,
+        progress: _Progress,
+        session: str,
+    ) -> int:
+        """Deliver chunk i: into the preview message at the same place, else as a new message
+        (the first one replying to the message it answers, in groups)."""
+        html, plain = chunk
+        if i >= len(progress.targets):
+            reply_to = progress.reply_to if i == 0 else None
+            return await self._client.send_text(
+                chat, html, plain, thread=thread, reply_to=reply_to, markup=markup
+            )
+        mid = progress.targets[i]
+        if markup is None and i < len(progress.shown) and progress.shown[i] == digest(html):
+            return mid  # the preview already shows exactly this
+        try:
+            await self._client.edit_text(chat, mid, html, plain, markup=markup)
+        except ChannelError as exc:
+            if exc.code != "bad_request":
+                raise
+            log.info(
+                "preview %d not editable (%s); sending anew",
+                mid,
+                exc,
+                extra={"session": session, "channel": "telegram"},
+            )
+            return await self._client.send_text(chat, html, plain, thread=thread, markup=markup)
+        return mid
+
+    async def _start(self, key: SessionKey, part: OutboundPart, chat: int) -> _Progress:
+        """Where this part stands: fresh, or resumed after a failed attempt (from memory, or
+        from the store after a restart)."""
+        known = self._progress.get(part.id)
+        if known is not None:
+            return known
+        raw = None
+        if part.attempts:
+            with contextlib.suppress(StoreError):
+                raw = await self._store.kv_get(PROGRESS_NS, str(part.id))
+        if raw:
+            data = json.loads(raw)
+            progress = _Progress(data["done"], data["targets"], data["shown"], data["reply_to"])
+        else:
+            progress = _Progress()
+            if chat < 0 and part.run_id:
+                progress.reply_to = await self._trigger(part.run_id)
+            if part.run_id:
+                preview = await self._live.take(key, part.run_id)
+                if preview.ids and chat < 0 and preview.reply_to != progress.reply_to:
+                    await self._live.delete(chat, preview.ids)  # it answers another message
+                else:
+                    progress.targets, progress.shown = preview.ids, preview.shown
+        self._progress[part.id] = progress
+        while len(self._progress) > 1000:
+            self._progress.popitem(last=False)
+        return progress
+
+    async def _save(self, part_id: int, progress: _Progress) -> None:
+        data = {
+            "done": progress.done,
+            "targets": progress.targets,
+            "shown": progress.shown,
+            "reply_to": progress.reply_to,
+        }
+        with contextlib.suppress(StoreError):
+            await self._store.kv_set(PROGRESS_NS, str(part_id), json.dumps(data))
+
+    async def _trigger(self, run_id: str) -> int | None:
+        """The message this run answers (the newest, when several were answered together)."""
+        for msg in reversed(await self._store.run_messages(run_id)):
+            if (mid := message_id_of(msg.platform_id)) is not None:
+                return mid
+        return None
+
+    async def _keyboard(self, buttons: tuple[Button, ...]) -> InlineKeyboardMarkup:
+        """Short labels side by side, long ones a row each; values over 64 bytes travel as a
+        short id that the store maps back."""
+        keys = []
+        for b in buttons:
+            data = b.value
+            if len(data.encode()) > 64 or data.startswith(CALLBACK_PREFIX):
+                data = CALLBACK_PREFIX + hashlib.sha256(b.value.encode()).hexdigest()[:24]
+                await self._store.kv_set(CALLBACK_NS, data, b.value)
+            keys.append(InlineKeyboardButton(b.label, callback_data=data))
+        if len(keys) <= 3 and all(len(b.label) <= 12 for b in buttons):
+            return InlineKeyboardMarkup([keys])
+        return InlineKeyboardMarkup([[k] for k in keys])
+
+    async def _check_blocked(self, key: SessionKey, chat: int) -> None:
+        """Fail fast for a chat that blocked the bot, until the person writes again."""
+        if chat not in self._blocked:
+            raw = await self._store.kv_get(BLOCKED_NS, str(chat))
+            self._blocked[chat] = float(raw) if raw else None
+        since = self._blocked[chat]
+        if since is None:
+            return
+        last = await self._store.last_inbound_at(str(key))
+        if last is not None and last > since:
+            self._blocked[chat] = None
+            await self._store.kv_set(BLOCKED_NS, str(chat), "")
+            return
+        raise ChannelError("the bot was blocked by the user", retryable=False, code=BLOCKED)
+
+    async def _mark_blocked(self, chat: int) -> None:
+        now = time.time()
+        self._blocked[chat] = now
+        await self._store.kv_set(BLOCKED_NS, str(chat), repr(now))
+
+
+def _chunks(reply: Reply, session: str) -> list[tuple[str, str]]:
+    """The reply's messages: its text (attachments with a URL linked at the end), or a marker
+    when only buttons need somewhere to live."""
+    text = reply.text
+    links = [f"[{a.name or a.kind}]({a.url})" for a in reply.attachments if a.url]
+    if links:
+        text = "\n\n".join([text, *links]) if text else "\n".join(links)
+    if any(a.url is None for a in reply.attachments):
+        log.warning(
+            "reply attachments without a URL are not sent on Telegram",
+            extra={"session": session, "channel": "telegram"},
+        )
+    chunks = render(text).chunks()
+    if not chunks and reply.buttons:
+        chunks = [(BUTTONS_ONLY, BUTTONS_ONLY)]
+    return chunks

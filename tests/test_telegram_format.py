@@ -1,0 +1,247 @@
+"""Markdown → Telegram HTML → chunks, checked by the fake Bot API's own HTML parser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from markdown_it import MarkdownIt
+
+from channels.telegram.markdown import render
+from channels.telegram.rich import MAX_UNITS, Rich, Tag, split, utf16_len
+from tests.fake_telegram import HtmlError, parse_html, utf16
+
+TOKENS = [
+    *"_*[]()~`>#+-=|{}.!<&\\",
+    *"abcxyz019",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "    ",
+    "é",
+    "中文",
+    "😀",
+    "👍🏽",
+    "👨\u200d👩\u200d👧",
+    "e\u0301",
+    "**",
+    "__",
+    "~~",
+    "```",
+    "```py\n",
+    "- ",
+    "1. ",
+    "> ",
+    "# ",
+    "[a](b)",
+    "|a|b|\n|-|-|\n",
+    "&amp",
+    "<b>",
+    "</i>",
+]
+MARKDOWNISH = st.lists(st.sampled_from(TOKENS), max_size=80).map("".join)
+
+
+def coverage(text: str, entities: list[dict[str, object]]) -> list[frozenset[str]]:
+    """Per UTF-16 unit, the entities over it (type plus url or language)."""
+    cover: list[set[str]] = [set() for _ in range(utf16(text))]
+    for e in entities:
+        label = f"{e['type']}:{e.get('url', '')}:{e.get('language', '')}"
+        for u in range(int(str(e["offset"])), int(str(e["offset"])) + int(str(e["length"]))):
+            cover[u].add(label)
+    return [frozenset(c) for c in cover]
+
+
+def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
+    """Every chunk parses, fits, is trimmed, keeps its formatting; together they are the text."""
+    full = rich.text
+    full_text, full_entities = parse_html(rich.html())
+    assert full_text == full
+    full_cover = coverage(full, full_entities)
+    chunks = rich.chunks(limit)
+    pos = 0
+    for html, plain in chunks:
+        text, entities = parse_html(html)
+        assert text == plain
+        assert text
+        assert text == text.strip()
+        assert utf16(text) <= limit
+        while full[pos].isspace():
+            pos += 1
+        assert full.startswith(plain, pos)
+        start = utf16(full[:pos])
+        assert coverage(text, entities) == full_cover[start : start + utf16(text)]
+        pos += len(plain)
+    assert not full[pos:].strip()
+    return chunks
+
+
+def alnum(text: str) -> str:
+    return "".join(ch for ch in text if ch.isalnum())
+
+
+def visible_with_languages(html: str) -> str:
+    text, entities = parse_html(html)
+    units = text.encode("utf-16-le")
+    inserts = sorted((int(e["offset"]), str(e["language"])) for e in entities if e.get("language"))
+    out, at = [], 0
+    for offset, lang in inserts:
+        out += [units[2 * at : 2 * offset].decode("utf-16-le"), lang]
+        at = offset
+    return "".join([*out, units[2 * at :].decode("utf-16-le")])
+
+
+@settings(max_examples=400, deadline=None)
+@given(MARKDOWNISH, st.sampled_from([12, 40, 120, MAX_UNITS]))
+def test_any_markdownish_text_becomes_valid_chunks_that_keep_the_visible_text(
+    source: str, limit: int
+) -> None:
+    check_chunks(render(source), limit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(MARKDOWNISH)
+def test_rendering_invents_nothing_and_loses_no_letter(source: str) -> None:
+    seen = alnum(visible_with_languages(render(source).html()))
+    written = alnum(source)
+    it = iter(written)
+    assert all(ch in it for ch in seen), "letters invented or reordered"
+    if "](" not in source and not _lossy_fence(source) and not _lossy_table(source):
+        assert seen == written  # only link targets, fence metadata and extra cells vanish
+
+
+def _lossy_fence(source: str) -> bool:
+    """A code fence that is empty, or whose info string is more than a language name."""
+    tokens = MarkdownIt("commonmark").parse(source)
+    language = re.compile(r"([A-Za-z][A-Za-z0-9_+#.-]*)?")
+    return any(
+        t.type == "fence" and (not t.content.strip() or not language.fullmatch(t.info.strip()))
+        for t in tokens
+    )
+
+
+def _lossy_table(source: str) -> bool:
+    """A table row with more cells than the header (GFM drops the extra ones)."""
+    lines = source.split("\n")
+    for t in MarkdownIt("commonmark").enable("table").parse(source):
+        if t.type == "table_open" and t.map:
+            rows = [_cells(line) for line in lines[slice(*t.map)]]
+            if any(r > rows[0] for r in rows):
+                return True
+    return False
+
+
+def _cells(line: str) -> int:
+    inner = re.sub(r"^\||(?<!\\)\|$", "", line.strip())
+    return len(re.split(r"(?<!\\)\|", inner))
+
+
+def test_telegram_escaping_only_touches_the_three_characters() -> None:
+    html = render("a < b && c > d \"q\" 'r'").html()
+    assert html == "a &lt; b &amp;&amp; c &gt; d \"q\" 'r'"
+    assert parse_html(html)[0] == "a < b && c > d \"q\" 'r'"
+
+
+@pytest.mark.parametrize(
+    ("markdown", "html"),
+    [
+        ("**b** *i* ~~s~~ `c`", "<b>b</b> <i>i</i> <s>s</s> <code>c</code>"),
+        ("# Title", "<b>Title</b>"),
+        (
+            "[site](https://example.com/?a=1&b=2)",
+            '<a href="https://example.com/?a=1&amp;b=2">site</a>',
+        ),
+        ("[rel](docs/page)", "rel (docs/page)"),
+        ("[`code` in link](https://x.org)", '<a href="https://x.org">code in link</a>'),
+        (
+            "```python\nprint(1 < 2)\n```",
+            '<pre><code class="language-python">print(1 &lt; 2)</code></pre>',
+        ),
+        ("```\nplain\n```", "<pre>plain</pre>"),
+        ("> quoted **bold**", "<blockquote>quoted <b>bold</b></blockquote>"),
+        ("> outer\n>\n> > inner", "<blockquote>outer\n\ninner</blockquote>"),
+        ("- one\n- two\n  1. sub", "• one\n• two\n  1. sub"),
+        ("3) three\n4) four", "3) three\n4) four"),
+        ("<b>not html</b>", "&lt;b&gt;not html&lt;/b&gt;"),
+        ("| h1 | h2 |\n|---|---|\n| a | b |", "<b>h1</b> | <b>h2</b>\na | b"),
+        ("line one  \nline two", "line one\nline two"),
+        ("***", "———"),
+    ],
+)
+def test_markdown_maps_to_telegram_entities(markdown: str, html: str) -> None:
+    assert render(markdown).html() == html
+    parse_html(html)
+
+
+def test_a_code_block_split_across_chunks_is_closed_and_reopened() -> None:
+    code = "\n".join(f"line {i:03d} = value" for i in range(40))
+    rich = render(f"Intro paragraph.\n\n```js\n{code}\n```\n\nOutro.")
+    chunks = check_chunks(rich, 200)
+    assert len(chunks) > 3
+    inner = [h for h, _ in chunks if "line" in h]
+    assert all(h.count('<pre><code class="language-js">') == 1 for h in inner)
+    assert all(h.endswith("</code></pre>") or "Outro" in h for h in inner)
+
+
+def test_cuts_prefer_paragraphs_then_lines_then_sentences_then_words() -> None:
+    para = "First sentence here. Second one follows."
+    assert split(f"{para}\n\n{para}", 50) == [(0, 40), (42, 82)]
+    assert split(f"{para}\n{para}", 50) == [(0, 40), (41, 81)]
+    assert split("Alpha beta gamma. Delta epsilon zeta eta.", 30) == [(0, 17), (18, 41)]
+    assert split("alpha beta gamma delta epsilon", 14) == [(0, 10), (11, 22), (23, 30)]
+    assert split("x" * 25, 10) == [(0, 10), (10, 20), (20, 25)]
+
+
+def test_never_cuts_a_surrogate_pair_or_an_emoji_sequence() -> None:
+    family = "👨\u200d👩\u200d👧"
+    text = family * 10
+    for a, b in split(text, 9):
+        assert utf16_len(text[a:b]) <= 9
+        assert not text[a:b].startswith("\u200d")
+        assert not text[a:b].endswith("\u200d")
+    assert "".join(text[a:b] for a, b in split(text, 9)) == text
+
+
+def test_utf16_length_counts_astral_characters_twice() -> None:
+    assert utf16_len("a😀中") == utf16("a😀中") == 4
+    rich = render("😀" * 3000)
+    chunks = check_chunks(rich, MAX_UNITS)
+    assert [utf16(p) for _, p in chunks] == [4096, 1904]
+
+
+def test_the_fake_refuses_what_telegram_refuses() -> None:
+    for bad in [
+        "<x>a</x>",
+        "<b>a",
+        "<b><i>a</b></i>",
+        "a & b",
+        "a > b",
+        "&nbsp;",
+        "<span>a</span>",
+    ]:
+        with pytest.raises(HtmlError):
+            parse_html(bad)
+    text, entities = parse_html('<a href="https://a.b/?x=1&amp;y=2">l</a> &#128512;&quot;')
+    assert text == 'l 😀"'
+    assert entities == [
+        {"type": "text_link", "offset": 0, "length": 1, "url": "https://a.b/?x=1&y=2"}
+    ]
+
+
+def test_tags_never_mix_code_with_other_entities() -> None:
+    rich = render("**bold `code` bold** [x `y`](https://a.org)")
+    for _, stack in rich.spans:
+        names = [t.name for t in stack]
+        if "code" in names:
+            assert names[-1] == "code"
+            assert "a" not in names
+    assert Tag("pre", "py").open() == '<pre><code class="language-py">'
+
+
+def test_empty_or_blank_markdown_has_no_chunks() -> None:
+    assert render("").chunks() == []
+    assert render("  \n\n ").chunks() == []
+    assert re.fullmatch(r"<i>x</i>", render("_x_").html())

@@ -1,0 +1,174 @@
+"""The webhook route: fail closed on the secret, 4xx for bad bodies, 200 for what is ignored,
+bounded media downloads, and nothing slow on the request path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.fake_openai import FakeOpenAI, Text, last_user_text
+from tests.fake_telegram import (
+    ANA,
+    GROUP,
+    SECRET,
+    FakeTelegram,
+    Gateway,
+    running_fake,
+    running_gateway,
+    until,
+    write_config,
+)
+
+
+@pytest_asyncio.fixture
+async def tg(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeTelegram]:
+    async with running_fake(monkeypatch) as fake:
+        yield fake
+
+
+@pytest_asyncio.fixture
+async def gw(tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI) -> AsyncIterator[Gateway]:
+    config = write_config(
+        tmp_path,
+        tg,
+        fake_openai.url,
+        extra="media_timeout_s = 0.5\n",
+        channels="max_media_bytes = 65536\n",
+    )
+    async with running_gateway(config, tg) as g:
+        yield g
+
+
+@pytest.mark.parametrize("secret", [None, "", "wrong-secret", SECRET + "x", SECRET[:-1]])
+async def test_missing_or_wrong_secret_is_403_and_nothing_is_stored(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI, secret: str | None
+) -> None:
+    resp = await gw.post(tg.message(ANA, "let me in"), secret=secret)
+    assert resp.status_code == 403
+    await asyncio.sleep(0.2)
+    assert gw.inbox() == []
+    assert fake_openai.requests == []
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"{not json", "Invalid JSON"),
+        (b"[1, 2]", "Input should be an object"),
+        (b'{"message": {"text": "no update id"}}', "update_id"),
+        (b'{"update_id": "abc"}', "update_id"),
+        (b'{"update_id": 1, "message": {"message_id": 1, "text": "no chat"}}', "chat"),
+        (b'{"update_id": 1, "message": "hello"}', "message"),
+        (b"\xff\xfe\x00", "JSON"),
+    ],
+)
+async def test_bad_bodies_are_400_with_a_reason(gw: Gateway, body: bytes, reason: str) -> None:
+    resp = await gw.post(body)
+    assert resp.status_code == 400
+    assert reason.lower() in resp.json()["error"].lower()
+    assert gw.inbox() == []
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {
+            "update_id": 5,
+            "channel_post": {"message_id": 3, "chat": {"id": -100, "type": "channel"}},
+        },
+        {"update_id": 6, "my_chat_member": {"chat": {"id": -100, "type": "group"}}},
+        {"update_id": 7, "poll": {"id": "1", "question": "?", "options": []}},
+        {"update_id": 8},
+        {"update_id": 9, "some_future_kind": {"x": 1}},
+    ],
+)
+async def test_unknown_update_kinds_are_acknowledged_and_ignored(
+    gw: Gateway, fake_openai: FakeOpenAI, update: dict[str, object]
+) -> None:
+    resp = await gw.post(update)
+    assert resp.status_code == 200
+    assert gw.inbox() == []
+
+
+async def test_a_button_press_is_acknowledged_even_when_it_carries_nothing(
+    gw: Gateway, tg: FakeTelegram
+) -> None:
+    query = tg.callback(ANA)  # from an inline-mode message: no chat, no data
+    resp = await gw.post(query)
+    assert resp.status_code == 200
+    await until(lambda: tg.answered == [query["callback_query"]["id"]])
+    assert gw.inbox() == []
+
+
+async def test_the_webhook_answers_before_the_agent_does(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.responder = lambda body: Text("slow answer", delay_s=1.0)
+    started = time.monotonic()
+    resp = await gw.post(tg.message(ANA, "hi"))
+    assert resp.status_code == 200
+    assert time.monotonic() - started < 0.5
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+
+
+async def test_a_file_over_the_cap_is_described_not_fetched(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    doc = tg.add_file(b"x" * 100, "documents/big.pdf", size=10 * 1024 * 1024)
+    doc.update(file_name="big.pdf", mime_type="application/pdf")
+    await gw.deliver(tg.message(ANA, None, caption="see attached", document=doc))
+    await until(lambda: len(fake_openai.requests) == 1)
+    seen = last_user_text(fake_openai.requests[0])
+    assert 'a document "big.pdf", not downloaded (larger than the 64 KB limit)' in seen
+    assert "getFile" not in tg.methods()
+
+
+async def test_a_file_that_grows_past_the_cap_while_downloading_is_dropped(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    doc = tg.add_file(b"y" * 200_000, "documents/liar.bin", size=1000)  # both under-report
+    await gw.deliver(tg.message(ANA, None, caption="small, honest", document=doc))
+    await until(lambda: len(fake_openai.requests) == 1)
+    assert "not downloaded (larger than" in last_user_text(fake_openai.requests[0])
+    assert not [p for p in (tmp_path / "files").rglob("*") if p.is_file()]
+
+
+async def test_a_slow_download_is_stored_in_time_and_described_as_missing(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    tg.file_delay_s = 3.0
+    voice = tg.add_file(b"OggS" * 100, "voice/file_9.oga")
+    voice.update(duration=4, mime_type="audio/ogg")
+    started = time.monotonic()
+    resp = await gw.post(tg.message(ANA, None, voice=voice))
+    assert resp.status_code == 200
+    assert time.monotonic() - started < 2.0  # bounded by media_timeout_s, not the download
+    await until(lambda: len(fake_openai.requests) == 1)
+    assert "a voice note (4 s), not downloaded (it took too long)" in last_user_text(
+        fake_openai.requests[0]
+    )
+
+
+async def test_no_route_in_polling_mode(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    config = write_config(tmp_path, tg, fake_openai.url, mode="polling")
+    async with running_gateway(config, tg) as gw:
+        resp = await gw.post(tg.message(ANA, "hi"))
+        assert resp.status_code in (404, 405)
+        async with httpx.AsyncClient(base_url=gw.url) as client:
+            assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_group_message_not_for_the_bot_is_200_and_not_stored(
+    gw: Gateway, tg: FakeTelegram
+) -> None:
+    resp = await gw.post(tg.message(ANA, "just chatting", chat=GROUP))
+    assert resp.status_code == 200
+    assert gw.inbox() == []
