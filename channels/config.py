@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo
+
+from core.access import Access, AccessRule
 
 __all__ = ["ChannelSection", "present", "required_when_enabled", "secret"]
 
@@ -13,6 +15,23 @@ class ChannelSection(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = False
+    # who may talk to the agent here: anyone, listed senders, or approved ones (pairing codes)
+    access: Literal["open", "allowlist", "pairing"] = "open"
+    allow_from: list[str] = Field(default_factory=list)  # sender ids always allowed
+    block_from: list[str] = Field(default_factory=list)  # sender ids never heard
+    flood_messages: int = Field(default=0, ge=0, le=10_000)  # per window and sender; 0: off
+    flood_window_s: float = Field(default=60.0, gt=0, le=86_400)
+    pairing_ttl_s: float = Field(default=3600.0, ge=60, le=30 * 86_400)
+
+    def access_rule(self) -> AccessRule:
+        return AccessRule(
+            mode=Access(self.access),
+            allow=frozenset(self.allow_from),
+            block=frozenset(self.block_from),
+            flood_messages=self.flood_messages,
+            flood_window_s=self.flood_window_s,
+            pairing_ttl_s=self.pairing_ttl_s,
+        )
 
     def problems(self, public_url: str | None) -> list[tuple[str, str]]:
         """Rules that need other sections (e.g. a webhook needs server.public_url); keys are

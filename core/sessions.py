@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from core.access import AccessControl, AccessRule
 from core.agent.loop import AgentEvent, AgentLoop, Done, Limits, RunOutcome, TextDelta, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
 from core.errors import StoreError, SwitchboardError
@@ -140,6 +141,7 @@ class SessionManager:
         router: Router | None = None,
         quota: QuotaPolicy | None = None,
         telemetry: Telemetry | None = None,
+        access: dict[str, AccessRule] | None = None,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -148,6 +150,7 @@ class SessionManager:
         self.outlets = outlets
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.telemetry: Telemetry = telemetry or NullTelemetry()
+        self.access = AccessControl(access or {}, store)
         self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy(), self.telemetry)
         self._slots = asyncio.Semaphore(max_concurrent_runs)
         self._runners: dict[str, _Runner] = {}
@@ -216,13 +219,23 @@ class SessionManager:
     async def submit(self, msg: InboundMessage) -> PutResult:
         """Store the message durably, then wake its session. Returns once it is stored."""
         key = self.session_key(msg.channel, msg.account, msg.conversation, msg.thread)
-        agent = key.agent
-        profile = self.agents.get(agent)
-        max_pending = profile.policy.max_pending if profile else 100
-        result = await self.store.put_inbound(str(key), msg, max_pending)
+        verdict = await self.access.check(msg)
+        if not verdict.store:
+            result = PutResult(0, InboxStatus.REFUSED)
+        else:
+            profile = self.agents.get(key.agent)
+            max_pending = profile.policy.max_pending if profile else 100
+            result = await self.store.put_inbound(
+                str(key), msg, max_pending, unpaired=verdict.unpaired
+            )
         self.telemetry.inbound(msg.channel, str(result.status))
+        if verdict.notice and result.status is not InboxStatus.DUPLICATE:
+            await self.notify(key, verdict.notice)
         if result.status is InboxStatus.PENDING:
             self._wake(key, arrived=True)
+            runner = self._runners.get(str(key))
+            if runner is not None and verdict.coalesce:
+                runner.coalesce = True
         elif result.status is InboxStatus.OVERFLOW:
             self._notify_overflow(key)
         return result
@@ -295,8 +308,6 @@ class SessionManager:
 class _Runner:
     """Works one session while it has work, holding its lease; gone when idle."""
 
-    _ids = itertools.count()
-
     def __init__(self, mgr: SessionManager, key: SessionKey, profile: AgentProfile) -> None:
         self.mgr, self.key, self.skey, self.profile = mgr, key, str(key), profile
         self.policy = profile.policy
@@ -304,6 +315,7 @@ class _Runner:
         self.last_arrival = 0.0
         self.arrival = asyncio.Event()
         self.overflow_noticed = False
+        self.coalesce = False  # a flood: answer everything queued together, whatever the mode
         self.turn_task: asyncio.Task[RunOutcome] | None = None
         self.committing = False
         self.lease_lost = False
@@ -420,8 +432,9 @@ class _Runner:
                 await self._command(head)
                 continue
             batch = list(itertools.takewhile(lambda i: not _is_command(i), items))
-            if self.policy.queue_mode is QueueMode.FOLLOWUP:
+            if self.policy.queue_mode is QueueMode.FOLLOWUP and not self.coalesce:
                 batch = batch[:1]
+            self.coalesce = False
             async with self.mgr._slots:
                 await self._turn(batch)
 

@@ -1,5 +1,5 @@
-"""`switchboard run | chat | check | telegram set-webhook`: config errors are messages naming
-keys, never tracebacks."""
+"""`switchboard run | chat | check | telegram set-webhook | pairing list | pairing approve`:
+config errors are messages naming keys, never tracebacks."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ import asyncio
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 from aiohttp import web
 
 from channels.console import Console
+from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.logs import setup_logging
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, build_store
 from gateway.settings import DEFAULT_CONFIG, Settings, config_path, load_settings, settings_warnings
 
 __all__ = ["main"]
@@ -49,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = "register server.public_url + /webhooks/telegram with Telegram (setWebhook)"
     cmd = tg_sub.add_parser("set-webhook", help=text, description=text)
     cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    pairing = sub.add_parser("pairing", help="approve people who asked to talk to the agent")
+    pair_sub = pairing.add_subparsers(dest="pairing_command", required=True)
+    cmd = pair_sub.add_parser("list", help="pairing codes waiting for approval")
+    cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    cmd = pair_sub.add_parser("approve", help="approve a pairing code; their messages get answered")
+    cmd.add_argument("code")
+    cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     try:
@@ -63,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "telegram":
         return asyncio.run(_telegram_set_webhook(settings, args.config))
     try:
+        if args.command == "pairing":
+            return asyncio.run(_pairing(settings, args.pairing_command, getattr(args, "code", "")))
         if args.command == "run":
             return _run(settings)
         return asyncio.run(_chat(settings))
@@ -71,6 +82,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+async def _pairing(settings: Settings, command: str, code: str) -> int:
+    """The operator's side of pairing: list waiting codes, or approve one."""
+    store = build_store(settings)
+    await store.start()
+    try:
+        if command == "list":
+            codes = await pending_codes(store)
+            for c, entry in sorted(codes.items()):
+                left = max(0, int(float(str(entry["expires"])) - time.time()) // 60)
+                print(f"{c}  {entry['channel']}:{entry['sender']}  expires in {left} min")
+            if not codes:
+                print("no pairing codes are waiting")
+            return 0
+        approved = await approve(store, code)
+    finally:
+        await store.aclose()
+    if approved is None:
+        print(f"error: no waiting pairing code {code!r} (wrong or expired)", file=sys.stderr)
+        return 1
+    print(f"approved {approved[0]}:{approved[1]}; their kept messages will now be answered")
+    return 0
 
 
 def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:

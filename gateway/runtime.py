@@ -27,7 +27,7 @@ from core.skills import Skill, discover_skills, skills_prompt
 from core.store import SqliteStore, Store
 from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
-from gateway.settings import Settings
+from gateway.settings import PLATFORM_CHANNELS, Settings
 from gateway.tools import agent_tools
 
 __all__ = ["Runtime", "build_model", "build_store"]
@@ -129,6 +129,10 @@ class Runtime:
             router=router,
             quota=_quota(settings),
             telemetry=telemetry,
+            access={
+                name: getattr(settings.channels, name).access_rule()
+                for name in ("web", *PLATFORM_CHANNELS)
+            },
         )
         return cls(settings, store, models, manager, profiles)
 

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from channels.config import ChannelSection
 from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
@@ -70,7 +71,7 @@ class StoreSettings(_Section):
     pool_size: int = Field(default=10, ge=1, le=200)  # PostgreSQL connections per replica
 
 
-class WebChannelSettings(_Section):
+class WebChannelSettings(ChannelSection):
     enabled: bool = True
 
 

@@ -40,7 +40,9 @@ class InboxStatus(StrEnum):
     DONE = "done"  # answered by a committed turn
     OVERFLOW = "overflow"  # kept, but over the session's queue cap: the user was told
     HELD = "held"  # kept for a human operator while the bot is paused in this session
+    UNPAIRED = "unpaired"  # kept until the operator approves this person (pairing)
     DUPLICATE = "duplicate"  # a redelivery of something already stored (never stored twice)
+    REFUSED = "refused"  # not stored: the sender is blocked or not on the allowlist
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +123,11 @@ class Store(Protocol):
         """Raise StoreError when the store cannot serve requests."""
 
     # inbox
-    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
-        """Store a message once (dedupe on channel + account + platform id), durably."""
+    async def put_inbound(
+        self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
+    ) -> PutResult:
+        """Store a message once (dedupe on channel + account + platform id), durably;
+        `unpaired` keeps it aside until the operator approves its sender."""
 
     async def pending(self, session: str) -> list[InboxItem]:
         """Messages of the session not yet answered, oldest first."""
@@ -137,6 +142,9 @@ class Store(Protocol):
 
     async def release_held(self, session: str) -> int:
         """Give held messages back to the bot (the operator handed the session back)."""
+
+    async def release_unpaired(self, channel: str, sender: str) -> int:
+        """Queue the messages a person sent before the operator approved them."""
 
     async def sessions_with_work(self) -> list[str]:
         """Sessions with pending inbox messages or undelivered outbox parts that no live runner
@@ -200,6 +208,9 @@ class Store(Protocol):
     async def kv_set(self, namespace: str, key: str, value: str) -> None: ...
 
     async def kv_delete(self, namespace: str, key: str) -> None: ...
+
+    async def kv_items(self, namespace: str) -> dict[str, str]:
+        """Every key of a (small) namespace, e.g. the pending pairing codes."""
 
     # quotas: daily usage counters
     async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:

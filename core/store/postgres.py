@@ -149,7 +149,9 @@ class PostgresStore:
 
     # inbox
 
-    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
+    async def put_inbound(
+        self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
+    ) -> PutResult:
         async with self._conn(tx=True) as c:
             # the upsert locks the session row: the pending count and the insert are one step
             await c.execute(
@@ -170,6 +172,8 @@ class PostgresStore:
                 "SELECT count(*) FROM inbox WHERE session = $1 AND status = 'pending'", session
             )
             status = InboxStatus.PENDING if queued < max_pending else InboxStatus.OVERFLOW
+            if unpaired:
+                status = InboxStatus.UNPAIRED
             new_id = await c.fetchval(
                 "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
                 " received_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
@@ -217,6 +221,18 @@ class PostgresStore:
             async with self._conn() as c:
                 await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
         return changed
+
+    async def release_unpaired(self, channel: str, sender: str) -> int:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "UPDATE inbox SET status = 'pending' WHERE channel = $1 AND status = 'unpaired'"
+                " AND payload::jsonb -> 'sender' ->> 'id' = $2 RETURNING session",
+                channel,
+                sender,
+            )
+            for session in {r[0] for r in rows}:
+                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
+        return len(rows)
 
     async def _set_status(self, session: str, old: str, new: str) -> int:
         async with self._conn() as c:
@@ -450,6 +466,13 @@ class PostgresStore:
             await c.execute(
                 "DELETE FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
             )
+
+    async def kv_items(self, namespace: str) -> dict[str, str]:
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT key, value FROM channel_state WHERE namespace = $1", namespace
+            )
+        return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
         async with self._conn() as c:

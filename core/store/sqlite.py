@@ -158,7 +158,9 @@ class SqliteStore:
 
     # inbox
 
-    async def put_inbound(self, session: str, msg: InboundMessage, max_pending: int) -> PutResult:
+    async def put_inbound(
+        self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
+    ) -> PutResult:
         payload = msg.model_dump_json()
 
         async def op(c: aiosqlite.Connection) -> PutResult:
@@ -167,16 +169,17 @@ class SqliteStore:
             row = await _fetchone(
                 c,
                 "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
-                " received_at) SELECT ?, ?, ?, ?, ?, CASE WHEN (SELECT count(*) FROM inbox"
-                " WHERE session = ? AND status = 'pending') < ? THEN 'pending' ELSE 'overflow'"
-                " END, ? WHERE true ON CONFLICT (channel, account, platform_id) DO NOTHING"
-                " RETURNING id, status",
+                " received_at) SELECT ?, ?, ?, ?, ?, CASE WHEN ? THEN 'unpaired' WHEN"
+                " (SELECT count(*) FROM inbox WHERE session = ? AND status = 'pending') < ?"
+                " THEN 'pending' ELSE 'overflow' END, ? WHERE true"
+                " ON CONFLICT (channel, account, platform_id) DO NOTHING RETURNING id, status",
                 (
                     session,
                     msg.channel,
                     msg.account,
                     msg.platform_id,
                     payload,
+                    unpaired,
                     session,
                     max_pending,
                     msg.received_at,
@@ -218,6 +221,18 @@ class SqliteStore:
 
     async def release_held(self, session: str) -> int:
         return await self._set_status(session, "held", "pending")
+
+    async def release_unpaired(self, channel: str, sender: str) -> int:
+        async def op(c: aiosqlite.Connection) -> int:
+            cur = await c.execute(
+                "UPDATE inbox SET status = 'pending' WHERE channel = ? AND status = 'unpaired'"
+                " AND json_extract(payload, '$.sender.id') = ?",
+                (channel, sender),
+            )
+            return cur.rowcount
+
+        released: int = await self._write(op)
+        return released
 
     async def _set_status(self, session: str, old: str, new: str) -> int:
         async def op(c: aiosqlite.Connection) -> int:
@@ -491,6 +506,14 @@ class SqliteStore:
             )
 
         await self._write(op)
+
+    async def kv_items(self, namespace: str) -> dict[str, str]:
+        rows = await self._read(
+            lambda c: _fetchall(
+                c, "SELECT key, value FROM channel_state WHERE namespace = ?", (namespace,)
+            )
+        )
+        return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
         async def op(c: aiosqlite.Connection) -> None:

@@ -1,0 +1,153 @@
+"""Who may talk to the agent on a channel, and how fast.
+
+Access modes per channel: "open" (anyone), "allowlist" (only listed senders), "pairing" (an
+unknown sender gets a one-time code; their messages are kept aside until the operator approves
+the code with `switchboard pairing approve CODE`). A blocklist applies in every mode. Flood
+control: past `flood_messages` in `flood_window_s` a sender's messages are still stored, but
+answered together (coalesced), and the sender is told once.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from core.models import InboundMessage
+from core.store.base import Store
+
+__all__ = ["Access", "AccessControl", "AccessRule", "Verdict", "approve", "pending_codes"]
+
+APPROVED = "access.approved"  # "channel:sender" -> approval time
+CODES = "access.codes"  # code -> {"channel", "sender", "expires"}
+PENDING_CODES_MAX = 20  # codes waiting for approval at once, across channels
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I
+
+
+class Access(StrEnum):
+    OPEN = "open"
+    ALLOWLIST = "allowlist"
+    PAIRING = "pairing"
+
+
+@dataclass(frozen=True, slots=True)
+class AccessRule:
+    mode: Access = Access.OPEN
+    allow: frozenset[str] = frozenset()
+    block: frozenset[str] = frozenset()
+    flood_messages: int = 0  # 0: no flood control
+    flood_window_s: float = 60.0
+    pairing_ttl_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    store: bool  # keep the message at all
+    unpaired: bool = False  # keep it aside until the sender is approved
+    notice: str | None = None  # tell the sender this (once per code / flood episode)
+    coalesce: bool = False  # answer this sender's queued messages together
+
+
+PAIRING_NOTICE = (
+    "Hello! This assistant only talks to approved people. Please give the operator this code: "
+    "{code} (valid for {minutes} minutes). Your messages are kept and will be answered once "
+    "you are approved."
+)
+PAIRING_BUSY = "This assistant is not taking new people right now. Please try again later."
+PRIVATE = "Sorry, this assistant is private."
+FLOOD_NOTICE = (
+    "You're sending messages quickly, so I'll read them all and answer them together in a moment."
+)
+
+
+@dataclass
+class AccessControl:
+    rules: dict[str, AccessRule]
+    store: Store
+    _recent: dict[str, deque[float]] = field(default_factory=dict)
+    _flooding: dict[str, float] = field(default_factory=dict)  # sender -> episode end
+    _told: set[str] = field(default_factory=set)  # senders told they are not allowed
+
+    async def check(self, msg: InboundMessage) -> Verdict:
+        rule = self.rules.get(msg.channel, AccessRule())
+        who = f"{msg.channel}:{msg.sender.id}"
+        if msg.sender.id in rule.block:
+            return Verdict(store=False)
+        if rule.mode is Access.ALLOWLIST and msg.sender.id not in rule.allow:
+            if who in self._told:
+                return Verdict(store=False)
+            self._told.add(who)
+            return Verdict(store=False, notice=PRIVATE)
+        if (
+            rule.mode is Access.PAIRING
+            and msg.sender.id not in rule.allow
+            and await self.store.kv_get(APPROVED, who) is None
+        ):
+            return await self._pairing(msg, rule, who)
+        return self._flood(rule, who)
+
+    async def _pairing(self, msg: InboundMessage, rule: AccessRule, who: str) -> Verdict:
+        now = time.time()
+        codes = {c: json.loads(v) for c, v in (await self.store.kv_items(CODES)).items()}
+        live = {c: v for c, v in codes.items() if v["expires"] > now}
+        for code in set(codes) - set(live):
+            await self.store.kv_delete(CODES, code)
+        if any(v["channel"] == msg.channel and v["sender"] == msg.sender.id for v in live.values()):
+            return Verdict(store=True, unpaired=True)  # already told their code
+        if len(live) >= PENDING_CODES_MAX:
+            return Verdict(store=True, unpaired=True, notice=PAIRING_BUSY)
+        code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(8))
+        entry = {
+            "channel": msg.channel,
+            "sender": msg.sender.id,
+            "expires": now + rule.pairing_ttl_s,
+        }
+        await self.store.kv_set(CODES, code, json.dumps(entry))
+        minutes = max(1, round(rule.pairing_ttl_s / 60))
+        return Verdict(
+            store=True, unpaired=True, notice=PAIRING_NOTICE.format(code=code, minutes=minutes)
+        )
+
+    def _flood(self, rule: AccessRule, who: str) -> Verdict:
+        if rule.flood_messages <= 0:
+            return Verdict(store=True)
+        now = time.monotonic()
+        window = self._recent.setdefault(who, deque())
+        window.append(now)
+        while window and window[0] < now - rule.flood_window_s:
+            window.popleft()
+        if len(window) <= rule.flood_messages:
+            if self._flooding.get(who, 0) < now:
+                self._flooding.pop(who, None)
+            return Verdict(store=True, coalesce=who in self._flooding)
+        first = who not in self._flooding
+        self._flooding[who] = now + rule.flood_window_s
+        return Verdict(store=True, coalesce=True, notice=FLOOD_NOTICE if first else None)
+
+
+async def approve(store: Store, code: str) -> tuple[str, str] | None:
+    """Approve a pairing code: returns (channel, sender), or None when unknown or expired."""
+    raw = await store.kv_get(CODES, code.strip().upper())
+    if raw is None:
+        return None
+    entry = json.loads(raw)
+    await store.kv_delete(CODES, code.strip().upper())
+    if entry["expires"] < time.time():
+        return None
+    await store.kv_set(APPROVED, f"{entry['channel']}:{entry['sender']}", str(time.time()))
+    await store.release_unpaired(entry["channel"], entry["sender"])
+    return entry["channel"], entry["sender"]
+
+
+async def pending_codes(store: Store) -> dict[str, dict[str, object]]:
+    """Codes waiting for the operator, with who asked and until when."""
+    now = time.time()
+    out = {}
+    for code, raw in (await store.kv_items(CODES)).items():
+        entry = json.loads(raw)
+        if entry["expires"] > now:
+            out[code] = entry
+    return out

@@ -1,0 +1,171 @@
+"""Access policy per channel (open, allowlist, pairing, blocklist) and per-user flood control."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+
+from core.access import Access, AccessRule, approve, pending_codes
+from core.agent.loop import AgentLoop, Limits
+from core.agent.tools import ToolRegistry
+from core.models import InboundMessage, Sender, SessionKey
+from core.sessions import AgentProfile, DeliveryPolicy, QueueMode, SessionManager, SessionPolicy
+from core.store import InboxStatus, SqliteStore, Store
+from tests.conftest import ROOT
+from tests.fakes import RecordingOutlet
+from tests.test_sessions import EchoModel
+
+
+@pytest_asyncio.fixture
+async def make(store: Store) -> AsyncIterator[Callable[..., Any]]:
+    managers: list[SessionManager] = []
+
+    async def build(
+        rule: AccessRule, mode: QueueMode = QueueMode.FOLLOWUP, delay_s: float = 0.0
+    ) -> tuple[SessionManager, RecordingOutlet, EchoModel]:
+        model, outlet = EchoModel(delay_s=delay_s), RecordingOutlet()
+        profile = AgentProfile(
+            name="default",
+            instructions="x",
+            loop=AgentLoop(model, ToolRegistry(), Limits()),
+            policy=SessionPolicy(queue_mode=mode),
+        )
+        manager = SessionManager(
+            store,
+            {"default": profile},
+            {"test": outlet},
+            delivery=DeliveryPolicy(base_delay_s=0.01),
+            access={"test": rule},
+        )
+        await manager.start()
+        managers.append(manager)
+        return manager, outlet, model
+
+    yield build
+    for m in managers:
+        await m.aclose(grace_s=1)
+
+
+def _msg(text: str, sender: str, pid: str) -> InboundMessage:
+    return InboundMessage(
+        channel="test", conversation=sender, sender=Sender(id=sender), text=text, platform_id=pid
+    )
+
+
+def _key(sender: str) -> SessionKey:
+    return SessionKey("default", "test", "default", sender)
+
+
+async def _settle(manager: SessionManager) -> None:
+    await asyncio.wait_for(manager.wait_idle(), 10)
+
+
+async def test_allowlist_and_blocklist(make: Any, store: Store) -> None:
+    rule = AccessRule(mode=Access.ALLOWLIST, allow=frozenset({"ana"}), block=frozenset({"eve"}))
+    manager, outlet, _ = await make(rule)
+    assert (await manager.submit(_msg("hi", "ana", "1"))).status is InboxStatus.PENDING
+    stranger = [await manager.submit(_msg(f"hey {i}", "bob", f"b{i}")) for i in range(2)]
+    assert {r.status for r in stranger} == {InboxStatus.REFUSED}
+    assert (await manager.submit(_msg("spam", "eve", "e1"))).status is InboxStatus.REFUSED
+    await _settle(manager)
+    assert outlet.texts(_key("ana")) == ["echo: hi"]
+    assert outlet.texts(_key("bob")) == ["Sorry, this assistant is private."]  # told once
+    assert outlet.texts(_key("eve")) == []  # blocked: not even told
+    stored = await store.transcript(str(_key("bob")), 10)
+    assert [e.role for e in stored] == ["assistant"]  # only the notice: nothing of theirs kept
+
+
+async def test_pairing_keeps_messages_until_the_operator_approves(make: Any, store: Store) -> None:
+    manager, outlet, model = await make(AccessRule(mode=Access.PAIRING))
+    first = await manager.submit(_msg("hello, can I book?", "zoe", "z1"))
+    second = await manager.submit(_msg("for saturday", "zoe", "z2"))
+    await _settle(manager)
+    assert first.status is second.status is InboxStatus.UNPAIRED
+    notices = outlet.texts(_key("zoe"))
+    assert len(notices) == 1  # one code, not one per message
+    code = re.search(r"code: ([A-Z0-9]{8})", notices[0]).group(1)  # type: ignore[union-attr]
+    assert model.requests == []
+    assert list(await pending_codes(store)) == [code]
+    assert await approve(store, "WRONGCOD") is None
+    assert await approve(store, code.lower()) == ("test", "zoe")
+    assert await pending_codes(store) == {}
+    await manager._sweep()  # the running gateway's sweeper (or NOTIFY) picks them up
+    await _settle(manager)
+    assert outlet.texts(_key("zoe"))[1:] == ["echo: hello, can I book?", "echo: for saturday"]
+    await manager.submit(_msg("thanks", "zoe", "z3"))  # approved from now on
+    await _settle(manager)
+    assert outlet.texts(_key("zoe"))[-1] == "echo: thanks"
+
+
+async def test_pairing_codes_expire_and_are_limited(make: Any, store: Store) -> None:
+    manager, outlet, _ = await make(AccessRule(mode=Access.PAIRING, pairing_ttl_s=0.2))
+    await manager.submit(_msg("hi", "late", "l1"))
+    await _settle(manager)
+    code = re.search(r"code: ([A-Z0-9]{8})", outlet.texts(_key("late"))[0]).group(1)  # type: ignore[union-attr]
+    await asyncio.sleep(0.3)
+    assert await approve(store, code) is None  # expired
+    for i in range(25):
+        await manager.submit(_msg("hi", f"crowd{i}", f"c{i}"))
+    await _settle(manager)
+    busy = [outlet.texts(_key(f"crowd{i}"))[0] for i in range(25)]
+    assert sum("not taking new people" in t for t in busy) >= 5  # few pending codes at once
+
+
+async def test_a_flood_is_coalesced_never_dropped(make: Any) -> None:
+    rule = AccessRule(flood_messages=3, flood_window_s=60)
+    manager, outlet, model = await make(rule, delay_s=0.2)
+    for i in range(8):
+        assert (await manager.submit(_msg(f"m{i}", "fast", f"f{i}"))).status is InboxStatus.PENDING
+    await _settle(manager)
+    texts = outlet.texts(_key("fast"))
+    assert sum("answer them together" in t for t in texts) == 1  # told once, politely
+    answered = [x for t in texts if t.startswith("echo: ") for x in t[6:].split(" | ")]
+    assert answered == [f"m{i}" for i in range(8)]  # nothing dropped, order kept
+    assert len(model.requests) < 8  # coalesced into fewer turns despite followup mode
+
+
+async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
+    db = tmp_path / "db.sqlite"
+    store = SqliteStore(db)
+    await store.start()
+    manager = SessionManager(store, {}, {}, access={"test": AccessRule(mode=Access.PAIRING)})
+    await manager.submit(_msg("hi", "cli-user", "x1"))
+    (code,) = await pending_codes(store)
+    await store.aclose()
+    config = tmp_path / "sb.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{db}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD__")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "pairing", *args, "--config", str(config)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    listed = await asyncio.to_thread(cli, "list")
+    assert code in listed.stdout
+    assert "test:cli-user" in listed.stdout
+    done = await asyncio.to_thread(cli, "approve", code)
+    assert done.returncode == 0, done.stderr
+    again = await asyncio.to_thread(cli, "approve", code)
+    assert again.returncode == 1
+    assert "Traceback" not in again.stderr
+    store = SqliteStore(db)
+    await store.start()
+    try:
+        assert [i.message.text for i in await store.pending(str(_key("cli-user")))] == ["hi"]
+    finally:
+        await store.aclose()
