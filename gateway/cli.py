@@ -18,6 +18,7 @@ from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.logs import setup_logging
+from gateway.probes import probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
 from gateway.settings import DEFAULT_CONFIG, Settings, config_path, load_settings, settings_warnings
 
@@ -46,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    sub.choices["check"].add_argument(
+        "--offline", action="store_true", help="only validate; do not try credentials online"
+    )
+    sub.choices["check"].add_argument(
+        "--strict", action="store_true", help="exit 1 when a live check fails"
+    )
     telegram = sub.add_parser("telegram", help="Telegram bot operations")
     tg_sub = telegram.add_subparsers(dest="telegram_command", required=True)
     text = "register server.public_url + /webhooks/telegram with Telegram (setWebhook)"
@@ -68,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, msg in settings_warnings(settings):
         print(f"warning: {key}: {msg}", file=sys.stderr)
     if args.command == "check":
-        return _check(settings, args.config)
+        return _check(settings, args.config, offline=args.offline, strict=args.strict)
     if args.command == "telegram":
         return asyncio.run(_telegram_set_webhook(settings, args.config))
     try:
@@ -114,7 +121,9 @@ def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
         print(f"  {key}: {msg}", file=sys.stderr)
 
 
-def _check(settings: Settings, path: str | None) -> int:
+def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool) -> int:
+    """Exit 0 for a valid configuration (2 is for invalid ones, before this); live checks that
+    fail are reported, and exit 1 only with --strict."""
     print(f"config ok: {config_path(path) or 'built-in defaults'}")
     s = settings
     enabled = [
@@ -124,7 +133,22 @@ def _check(settings: Settings, path: str | None) -> int:
     print(f"  model: {s.model.provider}" + (f" ({s.model.name})" if s.model.name else ""))
     print(f"  channels: {', '.join(enabled) or 'none'}")
     print(f"  web chat: http://{s.server.host}:{s.server.port}/")
-    return 0
+    urls = webhook_urls(s)
+    if urls:
+        print("webhook URLs to configure:")
+        for platform, url in urls:
+            print(f"  {platform}: {url}")
+    if offline:
+        return 0
+    probes = asyncio.run(probe_all(s))
+    if probes:
+        print("live checks:")
+    for probe in probes:
+        print(f"  {probe.name}: {'ok' if probe.ok else 'FAILED'}: {probe.detail}")
+    if all(p.ok for p in probes):
+        return 0
+    print("warning: some live checks failed (see above)", file=sys.stderr)
+    return 1 if strict else 0
 
 
 async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:

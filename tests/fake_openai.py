@@ -95,6 +95,7 @@ class FakeOpenAI:
     _concurrent: int = 0
     _runner: web.AppRunner | None = None
     url: str = ""
+    api_key: str | None = None  # when set, /v1/models refuses other keys
 
     def script(self, *steps: Step) -> None:
         """Serve these steps in order before falling back to the responder."""
@@ -103,6 +104,7 @@ class FakeOpenAI:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -114,6 +116,12 @@ class FakeOpenAI:
     async def aclose(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """GET /v1/models, checking the key when `api_key` is set (for `switchboard check`)."""
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": {"message": "Incorrect API key"}}, status=401)
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
     async def _next(self, body: dict[str, Any]) -> Step:
         if self._script:
