@@ -6,7 +6,6 @@ OpenAI-compatible client keeps both providers' retry and error rules identical.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -16,7 +15,7 @@ import httpx
 from httpx_sse import EventSource, SSEError
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
-from core.agent.openai import RetryPolicy
+from core.agent.retry import RetryPolicy, with_retries
 from core.errors import ModelError
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_BASE_URL", "AnthropicClient", "to_anthropic_messages"]
@@ -75,29 +74,16 @@ class AnthropicClient:
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelResponse:
         body = self._body(request)
-        attempt = 0
-        while True:
-            emitted = [False]
 
-            async def sink(text: str, _emitted: list[bool] = emitted) -> None:
-                _emitted[0] = True
-                if on_delta is not None:
-                    await on_delta(text)
+        async def once(sink: DeltaSink) -> ModelResponse:
+            if self._stream:
+                return await self._complete_stream(body, sink)
+            response = await self._complete_once(body)
+            if response.text:
+                await sink(response.text)
+            return response
 
-            try:
-                if self._stream:
-                    return await self._complete_stream(body, sink)
-                response = await self._complete_once(body)
-                if response.text:
-                    await sink(response.text)
-                return response
-            except ModelError as exc:
-                if not exc.retryable or emitted[0] or attempt >= self._retry.attempts:
-                    raise
-                delay = self._retry.delay(attempt, exc.retry_after)
-                log.info("model call failed (%s); retry %d in %.1fs", exc, attempt + 1, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        return await with_retries(self._retry, once, on_delta)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = to_anthropic_messages(request.messages)

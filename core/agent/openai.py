@@ -2,35 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import random
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from httpx_sse import EventSource, SSEError
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.agent.retry import RetryPolicy, with_retries
 from core.errors import ModelError
 
 __all__ = ["OpenAIClient", "RetryPolicy"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    attempts: int = 3  # retries after the first try
-    base_delay_s: float = 0.5
-    max_delay_s: float = 8.0
-
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(float(retry_after), 0.0), self.max_delay_s * 4)
-        backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
-        return backoff * (0.5 + random.random() / 2)  # jitter, not crypto
 
 
 class OpenAIClient:
@@ -63,29 +48,16 @@ class OpenAIClient:
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelResponse:
         body = self._body(request)
-        attempt = 0
-        while True:
-            emitted = [False]
 
-            async def sink(text: str, _emitted: list[bool] = emitted) -> None:
-                _emitted[0] = True
-                if on_delta is not None:
-                    await on_delta(text)
+        async def once(sink: DeltaSink) -> ModelResponse:
+            if self._stream:
+                return await self._complete_stream(body, sink)
+            response = await self._complete_once(body)
+            if response.text:
+                await sink(response.text)
+            return response
 
-            try:
-                if self._stream:
-                    return await self._complete_stream(body, sink)
-                response = await self._complete_once(body)
-                if response.text:
-                    await sink(response.text)
-                return response
-            except ModelError as exc:
-                if not exc.retryable or emitted[0] or attempt >= self._retry.attempts:
-                    raise
-                delay = self._retry.delay(attempt, exc.retry_after)
-                log.info("model call failed (%s); retry %d in %.1fs", exc, attempt + 1, delay)
-                attempt += 1
-                await asyncio.sleep(delay)
+        return await with_retries(self._retry, once, on_delta)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -1,0 +1,57 @@
+"""Retrying a model call: backoff with jitter, Retry-After honoured, and never once any text
+has reached the person (a second try would say it twice)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from core.agent.model import DeltaSink, ModelResponse
+from core.errors import ModelError
+
+__all__ = ["RetryPolicy", "with_retries"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    attempts: int = 3  # retries after the first try
+    base_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+
+    def delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(max(float(retry_after), 0.0), self.max_delay_s * 4)
+        backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
+        return backoff * (0.5 + random.random() / 2)  # jitter, not crypto
+
+
+async def with_retries(
+    policy: RetryPolicy,
+    attempt: Callable[[DeltaSink], Awaitable[ModelResponse]],
+    on_delta: DeltaSink | None,
+) -> ModelResponse:
+    """Run `attempt(sink)` until it succeeds, fails for good, or has pushed text."""
+    tries = 0
+    while True:
+        emitted = False
+
+        async def sink(text: str) -> None:
+            nonlocal emitted
+            emitted = True
+            if on_delta is not None:
+                await on_delta(text)
+
+        try:
+            return await attempt(sink)
+        except ModelError as exc:
+            if not exc.retryable or emitted or tries >= policy.attempts:
+                raise
+            delay = policy.delay(tries, exc.retry_after)
+            log.info("model call failed (%s); retry %d in %.1fs", exc, tries + 1, delay)
+            tries += 1
+            await asyncio.sleep(delay)
