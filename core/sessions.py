@@ -9,29 +9,35 @@ has work; an idle session is nothing but rows in the store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
-import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Mapping
 
 from core.access import AccessControl, AccessRule
-from core.agent.loop import AgentEvent, AgentLoop, Done, Limits, RunOutcome, TextDelta, Turn
-from core.agent.prompt import describe_inbound, history_messages, system_prompt
-from core.errors import StoreError, SwitchboardError
-from core.models import InboundMessage, MessageKind, Reply, SessionKey
+from core.errors import StoreError
+from core.models import InboundMessage, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
+from core.policies import (
+    HELP_REPLY,
+    OVERFLOW_NOTICE,
+    RESET_REPLY,
+    AgentProfile,
+    LiveOutlet,
+    NotifyingStore,
+    QueueMode,
+    QuotaPolicy,
+    SessionPolicy,
+)
 from core.routing import Router
-from core.store.base import InboxItem, InboxStatus, PutResult, Quota, RunRecord, Store
+from core.runner import SessionRunner
+from core.store.base import InboxStatus, PutResult, Store
 from core.telemetry import NullTelemetry, Telemetry
 
 __all__ = [
+    "HELP_REPLY",
+    "OVERFLOW_NOTICE",
+    "RESET_REPLY",
     "AgentProfile",
     "DeliveryPolicy",
     "LiveOutlet",
@@ -44,88 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-OVERFLOW_NOTICE = (
-    "I'm still working through your earlier messages, so I couldn't queue that last one. "
-    "Please send it again after my reply."
-)
-RESET_REPLY = "Okay, let's start over. What can I help you with?"
-HELP_REPLY = (
-    "Just write your question. Commands: /reset starts a fresh conversation, /help shows this."
-)
-
-
-class QueueMode(StrEnum):
-    COLLECT = "collect"  # what arrived mid-run becomes the next turn, answered together
-    FOLLOWUP = "followup"  # each queued message gets its own turn, in order
-    STEER = "steer"  # injected into the running turn before its next model call
-    INTERRUPT = "interrupt"  # the running turn is cancelled; its reply is never sent
-
-
-@runtime_checkable
-class LiveOutlet(Protocol):
-    """Optional: live feedback while a run is in progress (typing, streamed text)."""
-
-    async def run_started(self, key: SessionKey, run_id: str) -> None: ...
-
-    async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None: ...
-
-    async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None: ...
-
-
-@runtime_checkable
-class NotifyingStore(Protocol):
-    """Optional: a store shared by replicas tells each one about messages the others stored."""
-
-    async def listen(self, on_session: Callable[[str], None]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SessionPolicy:
-    queue_mode: QueueMode = QueueMode.COLLECT
-    debounce_s: float = 0.0
-    max_pending: int = 100
-    history_turns: int = 10
-    lease_ttl_s: float = 15.0
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaPolicy:
-    """Credits a run costs, and how many a person and a channel may spend per (UTC) day.
-    A limit of 0 means unlimited. `credits_per_run = None` charges the run's worst case:
-    its token budget in thousands of tokens."""
-
-    credits_per_run: float | None = 1.0
-    user_daily: float = 0.0
-    channel_daily: float = 0.0
-    message: str = (
-        "You've reached today's limit for questions here. Please try again tomorrow, or "
-        "contact us directly."
-    )
-
-    def credits(self, limits: Limits) -> float:
-        if self.credits_per_run is None:
-            return limits.token_budget / 1000
-        return self.credits_per_run
-
-    def quotas(self, key: SessionKey, sender: str) -> list[Quota]:
-        out = []
-        if self.user_daily > 0:
-            out.append(Quota("user", f"{key.channel}:{key.account}:{sender}", self.user_daily))
-        if self.channel_daily > 0:
-            out.append(Quota("channel", f"{key.channel}:{key.account}", self.channel_daily))
-        return out
-
-
-@dataclass(slots=True)
-class AgentProfile:
-    name: str
-    instructions: str
-    loop: AgentLoop
-    policy: SessionPolicy = field(default_factory=SessionPolicy)
-    output_rules: Mapping[str, str] = field(default_factory=dict)  # per channel
-    greeting: str = "Hello! How can I help you today?"
-    workspace_dir: Path | None = None  # one folder per session under it (kept tool results)
 
 
 class SessionManager:
@@ -153,7 +77,7 @@ class SessionManager:
         self.access = AccessControl(access or {}, store)
         self.outbox = Outbox(store, outlets, delivery or DeliveryPolicy(), self.telemetry)
         self._slots = asyncio.Semaphore(max_concurrent_runs)
-        self._runners: dict[str, _Runner] = {}
+        self._runners: dict[str, SessionRunner] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._idle = asyncio.Event()
@@ -262,7 +186,7 @@ class SessionManager:
             if profile is None:
                 log.error("no agent %r for session %s; its messages stay pending", key.agent, skey)
                 return
-            runner = self._runners[skey] = _Runner(self, key, profile)
+            runner = self._runners[skey] = SessionRunner(self, key, profile)
             self._idle.clear()
         runner.poke(arrived=arrived)
 
@@ -303,375 +227,3 @@ class SessionManager:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
-
-
-class _Runner:
-    """Works one session while it has work, holding its lease; gone when idle."""
-
-    def __init__(self, mgr: SessionManager, key: SessionKey, profile: AgentProfile) -> None:
-        self.mgr, self.key, self.skey, self.profile = mgr, key, str(key), profile
-        self.policy = profile.policy
-        self.poked = True
-        self.last_arrival = 0.0
-        self.arrival = asyncio.Event()
-        self.overflow_noticed = False
-        self.coalesce = False  # a flood: answer everything queued together, whatever the mode
-        self.turn_task: asyncio.Task[RunOutcome] | None = None
-        self.committing = False
-        self.lease_lost = False
-        self.batch_ids: set[int] = set()
-        self.batch_texts: list[str] = []
-        self.run: RunRecord | None = None
-        self.deliver_lock = asyncio.Lock()
-        self.task = asyncio.create_task(self._main(), name=f"session {self.skey}")
-
-    def poke(self, *, arrived: bool) -> None:
-        self.poked = True
-        if not arrived:
-            return
-        self.last_arrival = time.monotonic()
-        self.arrival.set()
-        turn = self.turn_task
-        if (
-            self.policy.queue_mode is QueueMode.INTERRUPT
-            and turn is not None
-            and not turn.done()
-            and not self.committing
-        ):
-            turn.cancel()
-
-    async def _main(self) -> None:
-        failures = 0
-        try:
-            while True:
-                try:
-                    if not await self._acquire():
-                        log.info("session %s is leased elsewhere; leaving it", self.skey)
-                        return
-                    beat = asyncio.create_task(self._heartbeat())
-                    try:
-                        await self._work()
-                    finally:
-                        beat.cancel()
-                        with contextlib.suppress(StoreError):
-                            release = self.mgr.store.release_lease(self.skey, self.mgr.owner)
-                            await asyncio.shield(release)
-                    failures = 0
-                except Exception as exc:
-                    failures += 1
-                    if isinstance(exc, SwitchboardError):
-                        log.warning("session %s: %s (failure %d)", self.skey, exc, failures)
-                    else:
-                        log.exception("session %s runner failed", self.skey)
-                    if failures >= MAX_RUNNER_FAILURES:
-                        log.error("session %s: giving up until its next message", self.skey)
-                        return
-                    await asyncio.sleep(min(0.5 * 2**failures, 10.0))
-                    continue
-                if not self.poked or self.mgr._closing:
-                    return
-        finally:
-            if self.mgr._runners.get(self.skey) is self:
-                del self.mgr._runners[self.skey]
-                if not self.mgr._runners:
-                    self.mgr._idle.set()
-
-    async def _acquire(self) -> bool:
-        """Take the session's lease, or leave: whoever holds it reads pending work before it
-        lets go, and the sweeper picks the session up if that holder dies."""
-        acquired = await self.mgr.store.acquire_lease(
-            self.skey, self.mgr.owner, self.policy.lease_ttl_s
-        )
-        self.lease_lost = not acquired
-        return acquired
-
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.policy.lease_ttl_s / 3)
-            try:
-                held = await self.mgr.store.renew_lease(
-                    self.skey, self.mgr.owner, self.policy.lease_ttl_s
-                )
-            except StoreError:
-                continue
-            if not held:
-                self.lease_lost = True
-                if self.turn_task is not None and not self.committing:
-                    self.turn_task.cancel()
-                return
-
-    async def _fence(self) -> None:
-        """Before each model call: extend the lease, or stop the run. The heartbeat alone can
-        be late under load; this way a model call only starts while the lease surely holds."""
-        try:
-            held = await self.mgr.store.renew_lease(
-                self.skey, self.mgr.owner, self.policy.lease_ttl_s
-            )
-        except StoreError:
-            held = False
-        if not held:
-            self.lease_lost = True
-            raise asyncio.CancelledError  # ends the turn as if interrupted; nothing is committed
-
-    async def _work(self) -> None:
-        while not self.lease_lost:
-            self.poked = False
-            await self.deliver()
-            await self._debounce()
-            items = await self.mgr.store.pending(self.skey)
-            if not items:
-                if self.poked:
-                    continue
-                return
-            if (await self.mgr.store.get_session(self.skey)).state.get("handoff"):
-                held = await self.mgr.store.hold_pending(self.skey)
-                log.info("session %s is with an operator; %d message(s) held", self.skey, held)
-                continue
-            head = items[0]
-            if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:
-                await self._command(head)
-                continue
-            batch = list(itertools.takewhile(lambda i: not _is_command(i), items))
-            if self.policy.queue_mode is QueueMode.FOLLOWUP and not self.coalesce:
-                batch = batch[:1]
-            self.coalesce = False
-            async with self.mgr._slots:
-                await self._turn(batch)
-
-    async def _debounce(self) -> None:
-        """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
-        while True:
-            self.arrival.clear()
-            remaining = self.policy.debounce_s - (time.monotonic() - self.last_arrival)
-            if remaining <= 0:
-                return
-            try:
-                await asyncio.wait_for(self.arrival.wait(), remaining)
-            except TimeoutError:
-                return
-
-    async def _turn(self, batch: list[InboxItem]) -> None:
-        run = RunRecord(
-            id=uuid.uuid4().hex,
-            session=self.skey,
-            started_at=time.time(),
-            inbox_ids=[i.id for i in batch],
-        )
-        self.run = run
-        self.overflow_noticed = False
-        self.batch_ids = set(run.inbox_ids)
-        self.batch_texts = [describe_inbound(i.message) for i in batch]
-        session = await self.mgr.store.get_session(self.skey)
-        history = await self.mgr.store.history(self.skey, self.policy.history_turns * 2)
-        rules = self.profile.output_rules.get(self.key.channel, "")
-        turn = Turn(
-            run_id=run.id,
-            session=self.skey,
-            system=system_prompt(self.profile.instructions, rules, session.state),
-            history=history_messages(history),
-            user_texts=list(self.batch_texts),
-            state=session.state,
-            steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
-            workspace=self._workspace(),
-            guard=self._fence,
-            confirmations=[
-                (m.group(2), m.group(1) == "confirm")
-                for i in batch
-                if i.message.kind is MessageKind.BUTTON
-                and (m := _CONFIRM.match(i.message.button_value or ""))
-            ],
-        )
-        quotas = self.mgr.quota.quotas(self.key, batch[0].message.sender.id)
-        day = time.strftime("%Y-%m-%d", time.gmtime())
-        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
-        if quotas:
-            refused = await self.mgr.store.reserve_usage(day, run.credits, quotas)
-            if refused is not None:
-                await self._refuse(run, refused)
-                return
-        live = self._live()
-        if live is not None:
-            await _quietly(live.run_started(self.key, run.id), self.skey)
-
-        async def emit(event: AgentEvent) -> None:
-            if live is not None and isinstance(event, TextDelta):
-                await _quietly(live.run_delta(self.key, run.id, event.text), self.skey)
-            elif isinstance(event, Done):
-                log.info(
-                    "run %s %s steps=%d tools=%d tokens=%d+%d limits=%s",
-                    run.id,
-                    event.outcome.status,
-                    event.outcome.steps,
-                    event.outcome.tool_calls,
-                    event.outcome.input_tokens,
-                    event.outcome.output_tokens,
-                    ",".join(event.outcome.limits_hit) or "-",
-                    extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
-                )
-
-        self.turn_task = asyncio.create_task(self.profile.loop.run(turn, emit))
-        try:
-            outcome = await self.turn_task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            run.status, run.ended_at = "cancelled", time.time()
-            if quotas:  # the messages will be answered (and charged) by a later run
-                with contextlib.suppress(StoreError):
-                    await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
-                run.credits = 0.0
-            run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
-            if live is not None:
-                await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
-            with contextlib.suppress(StoreError):
-                await asyncio.shield(self.mgr.store.record_run(run))
-            self._report(run)
-            if current is not None and current.cancelling():
-                raise
-            return
-        finally:
-            self.turn_task = None
-        if quotas and outcome.status == "model_error" and outcome.steps == 0:
-            await self.mgr.store.release_usage(day, run.credits, quotas)  # nothing produced
-            run.credits = 0.0
-        self.committing = True
-        try:
-            _fill(run, outcome)
-            state = outcome.state
-            if outcome.handoff:
-                state["handoff"] = {"reason": outcome.handoff, "at": time.time(), "run": run.id}
-            reply = Reply(text=outcome.text, buttons=tuple(outcome.buttons))
-            await asyncio.shield(
-                self.mgr.store.complete_turn(
-                    self.mgr.owner,
-                    run,
-                    "\n\n".join(self.batch_texts),
-                    [reply],
-                    state if state != session.state else None,
-                )
-            )
-        except StoreError:  # not committed (lease lost, store down): the preview must go
-            if live is not None:
-                await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
-            raise
-        finally:
-            self.committing = False
-        if outcome.handoff:
-            log.warning(
-                "handoff to a human requested: %s",
-                outcome.handoff,
-                extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
-            )
-        if live is not None:
-            await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
-        self._report(run)
-
-    def _report(self, run: RunRecord) -> None:
-        t = self.mgr.telemetry
-        seconds = (run.ended_at or time.time()) - run.started_at
-        t.run_done(
-            self.key.agent,
-            self.key.channel,
-            run.status,
-            seconds,
-            run.input_tokens,
-            run.output_tokens,
-        )
-        for call in run.detail.get("calls", []):
-            if "seconds" in call:
-                t.model_call(call["seconds"])
-
-    async def _refuse(self, run: RunRecord, quota: Quota) -> None:
-        """Over quota: a polite answer, no model call; the messages count as answered."""
-        run.status, run.ended_at, run.credits = "quota", time.time(), 0.0
-        run.limits_hit.append(f"quota_{quota.scope}")
-        log.info("over the %s quota (%s)", quota.scope, quota.key, extra={"session": self.skey})
-        await self.mgr.store.complete_turn(
-            self.mgr.owner, run, "\n\n".join(self.batch_texts), [Reply(text=self.mgr.quota.message)]
-        )
-        self._report(run)
-
-    async def _steer(self) -> list[str]:
-        """Messages that arrived since the turn started, up to the next command."""
-        new = []
-        for item in await self.mgr.store.pending(self.skey):
-            if item.id in self.batch_ids:
-                continue
-            if _is_command(item):
-                break
-            new.append(item)
-        texts = [describe_inbound(i.message) for i in new]
-        self.batch_ids.update(i.id for i in new)
-        self.batch_texts.extend(texts)
-        if self.run is not None:
-            self.run.inbox_ids.extend(i.id for i in new)
-        return texts
-
-    async def _command(self, item: InboxItem) -> None:
-        name = item.message.command
-        if name == "reset":
-            await self.mgr.store.reset_session(self.skey)
-            text = RESET_REPLY
-        elif name == "start":
-            text = self.profile.greeting
-        else:
-            text = HELP_REPLY
-        run = RunRecord(
-            id=uuid.uuid4().hex,
-            session=self.skey,
-            started_at=time.time(),
-            status="command",
-            ended_at=time.time(),
-            inbox_ids=[item.id],
-            detail={"command": name},
-        )
-        await self.mgr.store.complete_turn(self.mgr.owner, run, "", [Reply(text=text)])
-
-    async def notice(self, text: str) -> None:
-        await self.mgr.store.enqueue_replies(self.skey, [Reply(text=text)])
-        await self.deliver()
-
-    async def deliver(self) -> None:
-        """Send stored reply parts in order; each is marked sent once the platform confirms."""
-        async with self.deliver_lock:
-            await self.mgr.outbox.deliver_pending(self.key)
-
-    def _workspace(self) -> Path | None:
-        root = self.profile.workspace_dir
-        if root is None:
-            return None
-        return root / re.sub(r"[^A-Za-z0-9_-]+", "_", self.skey)[:200]
-
-    def _live(self) -> LiveOutlet | None:
-        outlet = self.mgr.outlets.get(self.key.channel)
-        return outlet if isinstance(outlet, LiveOutlet) else None
-
-
-COMMANDS = frozenset({"reset", "start", "help"})
-_CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
-MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
-
-
-def _is_command(item: InboxItem) -> bool:
-    return item.message.kind is MessageKind.COMMAND and item.message.command in COMMANDS
-
-
-def _fill(run: RunRecord, outcome: RunOutcome) -> None:
-    run.status = outcome.status
-    run.ended_at = time.time()
-    run.steps, run.tool_calls = outcome.steps, outcome.tool_calls
-    run.input_tokens, run.output_tokens = outcome.input_tokens, outcome.output_tokens
-    run.limits_hit = list(outcome.limits_hit)
-    run.error = outcome.error
-    run.detail = {"calls": outcome.calls, "steered": outcome.steered}
-    if outcome.unverified_amounts:
-        run.detail["unverified_amounts"] = outcome.unverified_amounts
-    if outcome.handoff:
-        run.detail["handoff"] = outcome.handoff
-
-
-async def _quietly(coro: Awaitable[None], skey: str) -> None:
-    """Live feedback is best effort: a failed typing indicator must not fail the run."""
-    try:
-        await coro
-    except Exception:
-        log.warning("live update failed", exc_info=True, extra={"session": skey})
