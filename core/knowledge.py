@@ -18,8 +18,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import ClassVar
 
-import pypdf
-
 __all__ = ["Hit", "KnowledgeBase", "Section", "file_sections", "split_sections", "tokenize"]
 
 log = logging.getLogger(__name__)
@@ -372,6 +370,8 @@ class _HTMLText(HTMLParser):
 def pdf_sections(path: Path, source: str) -> list[Section]:
     """One section per page of text; the PDF's title (or its file name) names the document."""
     try:
+        import pypdf  # only for PDFs: importing it costs memory at every start
+
         reader = pypdf.PdfReader(path)
         title = (reader.metadata.title if reader.metadata else None) or ""
         pages = [page.extract_text() or "" for page in reader.pages]

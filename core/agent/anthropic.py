@@ -61,6 +61,8 @@ class AnthropicClient:
             base_url=root + "/",
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            # as many calls at once as runs at once: the session manager caps those
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
             transport=transport,
         )
         self._model = model

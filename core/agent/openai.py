@@ -35,6 +35,8 @@ class OpenAIClient:
             base_url=base_url.rstrip("/") + "/",
             headers=headers,
             timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
+            # as many calls at once as runs at once: the session manager caps those
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
             transport=transport,
         )
         self._model = model

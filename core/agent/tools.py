@@ -98,6 +98,7 @@ class ToolRegistry:
     ) -> None:
         self._tools: dict[str, Tool] = {}
         self._tiers = tiers or ResultTiers()
+        self._specs: tuple[ToolSpec, ...] | None = None
         for tool in tools or []:
             self.add(tool)
 
@@ -113,6 +114,7 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ValueError(f"duplicate tool name {tool.name!r}")
         self._tools[tool.name] = tool
+        self._specs = None
 
     def __len__(self) -> int:
         return len(self._tools)
@@ -121,9 +123,13 @@ class ToolRegistry:
         return list(self._tools)
 
     def specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(
-            ToolSpec(t.name, t.description, _schema(t.args_model)) for t in self._tools.values()
-        )
+        """What the model is shown; built once (JSON schemas are costly to derive per call)."""
+        if self._specs is None:
+            self._specs = tuple(
+                ToolSpec(t.name, t.description, _schema(t.args_model))
+                for t in self._tools.values()
+            )
+        return self._specs
 
     async def call(
         self, name: str, raw_args: str, ctx: ToolContext, *, confirmed: bool = False
