@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 CONFIG ?=
 
-.PHONY: run test lint typecheck check chat clean
+.PHONY: run test lint typecheck check chat bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
+
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $@ $(VENV)/.installed $(VENV)/.installed-test
+
+bench: $(VENV)/.installed-bench
+	@command -v wrk >/dev/null || echo "note: wrk not found (apt-get install wrk); using the aiohttp load generator"
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,298 @@
+"""Ingest: signed webhooks per second and p50/p99 acknowledgement latency for each channel
+route, on SQLite and PostgreSQL, against a bare aiohttp handler (the ceiling of the HTTP stack)
+and, for Slack, a bare slack-bolt AsyncApp, all measured in the same run.
+
+The gateway runs with session runs switched off (bench.noruns), so what is measured is the
+route: signature check, parsing, dedupe and the durable store, then 200. Throughput is
+closed-loop (wrk on the load core when installed, else an aiohttp client); latency is
+open-loop at a fixed rate (1,000/s by default), from each request's due time.
+
+    python -m bench.ingest --channel whatsapp --store sqlite
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import RESULTS, Proc, Result, pg_available, pin_self
+from bench.fakes import FakePlatform
+from bench.gateway import GatewayOptions, run_gateway, start_baseline
+from bench.loadgen import LoadStats, closed_loop, have_wrk, open_loop, wrk
+from bench.payloads import CHANNELS, HttpReq, build
+from bench.profiling import PySpy
+
+__all__ = ["Options", "main", "run"]
+
+CONVERSATIONS = 1000  # webhooks come from this many people, round robin
+_ids = itertools.count(1)
+
+
+@dataclass
+class Options:
+    channels: tuple[str, ...] = CHANNELS
+    stores: tuple[str, ...] = ("sqlite", "postgres")
+    duration_s: float = 8.0  # each closed-loop throughput measurement
+    latency_s: float = 5.0  # each open-loop latency measurement
+    rate: float = 1000.0
+    connections: int = 32
+    loadgen: str = "auto"  # wrk | aiohttp | auto
+    warmup_s: float = 1.0
+    profile: bool = False
+
+
+def _requests(channel: str, count: int) -> list[HttpReq]:
+    return [build(channel, n, n % CONVERSATIONS) for n in itertools.islice(_ids, count)]
+
+
+async def _saturate(
+    url: str, channel: str, opts: Options, expected_rate: float, proc: Proc
+) -> tuple[LoadStats, float]:
+    """Closed-loop throughput, and the server's CPU µs per acknowledged request."""
+    count = int(expected_rate * opts.duration_s * 1.2) + 2000
+    reqs = _requests(channel, count)
+    use_wrk = opts.loadgen == "wrk" or (opts.loadgen == "auto" and have_wrk())
+    cpu0 = proc.cpu_s()
+    if use_wrk:
+        stats = await asyncio.to_thread(
+            wrk, url, reqs, connections=opts.connections, duration_s=opts.duration_s
+        )
+    else:
+        stats = await closed_loop(
+            url, reqs, concurrency=opts.connections, duration_s=opts.duration_s
+        )
+    cpu = proc.cpu_s() - cpu0
+    return stats, (cpu / stats.ok * 1e6 if stats.ok else math.nan)
+
+
+async def _warm(url: str, channel: str, opts: Options) -> int:
+    if opts.warmup_s <= 0:
+        return 0
+    stats = await closed_loop(
+        url, _requests(channel, 4000), concurrency=8, duration_s=opts.warmup_s
+    )
+    return stats.ok
+
+
+async def _latency(url: str, channel: str, opts: Options) -> LoadStats:
+    count = int(opts.rate * opts.latency_s)
+    return await open_loop(
+        url, _requests(channel, count), rate=opts.rate, duration_s=opts.latency_s
+    )
+
+
+@dataclass
+class _Measured:
+    sat: LoadStats
+    cpu_us: float
+    lat: LoadStats
+
+
+async def _baseline(kind: str, channel: str, opts: Options, result: Result) -> _Measured:
+    async with start_baseline(kind) as (url, proc):
+        await _warm(url, channel, opts)
+        sat, cpu = await _saturate(url, channel, opts, 15_000, proc)
+        lat = await _latency(url, channel, opts)
+    result.notes.append(f"{channel} baseline {kind}: {sat.describe()}; {lat.describe()}")
+    return _Measured(sat, cpu, lat)
+
+
+async def run(opts: Options) -> Result:
+    pin_self()
+    result = Result("ingest")
+    stores = [s for s in opts.stores if s != "postgres" or pg_available()]
+    if len(stores) < len(opts.stores):
+        result.notes.append("PostgreSQL is not reachable: its rows are missing")
+    tool = "wrk" if opts.loadgen == "wrk" or (opts.loadgen == "auto" and have_wrk()) else "aiohttp"
+    result.notes.append(
+        f"ingest: closed loop with {tool} ({opts.connections} connections, {opts.duration_s:g} s "
+        f"each), open loop at {opts.rate:g}/s ({opts.latency_s:g} s each), {opts.warmup_s:g} s "
+        f"warm-up; webhooks from {CONVERSATIONS} conversations, every id unique; "
+        "session runs off (bench.noruns)"
+    )
+    series: dict[str, list[dict[str, float | str]]] = {"throughput": [], "latency": []}
+    platform = FakePlatform()
+    await platform.start()
+    try:
+        for channel in opts.channels:
+            bare = await _baseline("aiohttp", channel, opts, result)
+            bolt = await _baseline("bolt", channel, opts, result) if channel == "slack" else None
+            series["throughput"].append(
+                {"case": f"{channel}\nbare aiohttp", "rate": bare.sat.rate, "kind": "baseline"}
+            )
+            series["latency"].append(
+                {
+                    "case": f"{channel}\nbare aiohttp",
+                    "p50": bare.lat.p50_ms,
+                    "p99": bare.lat.p99_ms,
+                    "kind": "baseline",
+                }
+            )
+            if bolt is not None:
+                series["throughput"].append(
+                    {"case": "slack\nbare Bolt", "rate": bolt.sat.rate, "kind": "baseline"}
+                )
+                series["latency"].append(
+                    {
+                        "case": "slack\nbare Bolt",
+                        "p50": bolt.lat.p50_ms,
+                        "p99": bolt.lat.p99_ms,
+                        "kind": "baseline",
+                    }
+                )
+            for store in stores:
+                await _gateway(channel, store, opts, result, platform, bare, bolt, series)
+    finally:
+        await platform.aclose()
+    result.series = series
+    return result
+
+
+async def _gateway(
+    channel: str,
+    store: str,
+    opts: Options,
+    result: Result,
+    platform: FakePlatform,
+    bare: _Measured,
+    bolt: _Measured | None,
+    series: dict[str, list[dict[str, float | str]]],
+) -> None:
+    case = f"{channel}/{store}"
+    gw_opts = GatewayOptions(
+        channels=(channel,),
+        store=store,
+        platform_url=platform.url,
+        runs=False,
+        poll_interval_s=600,
+    )
+    async with run_gateway(gw_opts) as gw:
+        acked = await _warm(gw.url, channel, opts)
+        spy = None
+        if opts.profile:
+            out = RESULTS / "profiles" / f"ingest-{channel}-{store}.txt"
+            spy = PySpy(gw.proc.pid, opts.duration_s, out)
+        sat, cpu = await _saturate(gw.url, channel, opts, bare.sat.rate, gw.proc)
+        if spy is not None:
+            result.profiles[f"ingest {case} (saturated)"] = await asyncio.to_thread(spy.wait)
+        lat = await _latency(gw.url, channel, opts)
+        acked += sat.ok + lat.ok
+        stored = await gw.stored()
+    result.notes.append(
+        f"{case}: {sat.describe()}; {lat.describe()}; {stored} stored of "
+        f"{acked} acknowledged" + (" (wrk repeated requests)" if sat.wrapped else "")
+    )
+    primary = channel in ("whatsapp", "telegram") and store == "sqlite"
+    row = result.add(
+        case,
+        "webhooks/s, saturated",
+        sat.rate,
+        "/s",
+        baseline=bare.sat.rate,
+        baseline_name="bare aiohttp",
+    )
+    if primary:
+        row.target, row.met = "≥ 0.60x bare", row.ratio is not None and row.ratio >= 0.6
+    if bolt is not None:
+        row = result.add(
+            case,
+            "webhooks/s vs Bolt",
+            sat.rate,
+            "/s",
+            baseline=bolt.sat.rate,
+            baseline_name="bare slack-bolt",
+            target="≥ 1.5x Bolt",
+        )
+        row.met = row.ratio is not None and row.ratio >= 1.5
+    result.add(
+        case,
+        "server CPU per webhook",
+        cpu,
+        "µs",
+        baseline=bare.cpu_us,
+        baseline_name="bare aiohttp",
+    )
+    result.add(
+        case,
+        f"p50 ack @ {opts.rate:g}/s",
+        lat.p50_ms,
+        "ms",
+        baseline=bare.lat.p50_ms,
+        baseline_name="bare aiohttp",
+    )
+    row = result.add(
+        case,
+        f"p99 ack @ {opts.rate:g}/s",
+        lat.p99_ms,
+        "ms",
+        baseline=bare.lat.p99_ms,
+        baseline_name="bare aiohttp",
+        target="≤ 10 ms",
+    )
+    row.met = lat.p99_ms <= 10 and lat.errors == 0
+    if lat.errors:
+        row.note = f"{lat.errors} not acknowledged"
+    result.add(
+        case,
+        "p99 ack, saturated",
+        sat.p99_ms,
+        "ms",
+        baseline=bare.sat.p99_ms,
+        baseline_name="bare aiohttp",
+    )
+    if stored < acked and not sat.wrapped:
+        result.notes.append(f"WARNING {case}: {acked - stored} acknowledged webhooks not stored")
+    series["throughput"].append(
+        {"case": f"{channel}\n{store}", "rate": sat.rate, "kind": "gateway"}
+    )
+    series["latency"].append(
+        {"case": f"{channel}\n{store}", "p50": lat.p50_ms, "p99": lat.p99_ms, "kind": "gateway"}
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ingest",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--channel", choices=(*CHANNELS, "all"), default="all")
+    p.add_argument("--store", choices=("sqlite", "postgres", "all"), default="all")
+    p.add_argument("--duration", type=float, default=Options.duration_s)
+    p.add_argument("--latency-duration", type=float, default=Options.latency_s)
+    p.add_argument("--rate", type=float, default=Options.rate)
+    p.add_argument("--connections", type=int, default=Options.connections)
+    p.add_argument("--loadgen", choices=("auto", "wrk", "aiohttp"), default="auto")
+    p.add_argument("--profile", action="store_true", help="py-spy the saturated phase")
+    p.add_argument("--out", type=Path, default=RESULTS / "last")
+    return p
+
+
+def options(args: argparse.Namespace) -> Options:
+    return Options(
+        channels=CHANNELS if args.channel == "all" else (args.channel,),
+        stores=("sqlite", "postgres") if args.store == "all" else (args.store,),
+        duration_s=args.duration,
+        latency_s=args.latency_duration,
+        rate=args.rate,
+        connections=args.connections,
+        loadgen=args.loadgen,
+        profile=args.profile,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    result = asyncio.run(run(options(args)))
+    result.print()
+    result.save(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
