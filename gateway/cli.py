@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -114,6 +115,11 @@ async def _pairing(settings: Settings, command: str, code: str) -> int:
     return 0
 
 
+def _without_password(url: str) -> str:
+    """A database URL fit to print: any password replaced by ***."""
+    return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
 def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
     where = config_path(path)
     print(f"config error ({where or 'defaults'}):", file=sys.stderr)
@@ -129,7 +135,7 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
     enabled = [
         n for n in ("web", "telegram", "slack", "whatsapp") if getattr(s.channels, n).enabled
     ]
-    print(f"  store: {s.store.url}")
+    print(f"  store: {_without_password(s.store.url)}")
     print(f"  model: {s.model.provider}" + (f" ({s.model.name})" if s.model.name else ""))
     print(f"  channels: {', '.join(enabled) or 'none'}")
     print(f"  web chat: http://{s.server.host}:{s.server.port}/")
