@@ -34,7 +34,14 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
-test: $(VENV)/.installed-test
+# the browser tests drive Debian's Chromium (never a downloaded browser build)
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
+	else echo "the browser tests need Chromium at $(CHROMIUM): apt-get install chromium"; fi
+
+test: $(VENV)/.installed-test | $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest

@@ -13,9 +13,9 @@ import time
 import uuid
 from collections.abc import Awaitable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, Turn
+from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
 from core.errors import StoreError, SwitchboardError
 from core.models import MessageKind, Reply, SessionKey
@@ -223,10 +223,13 @@ class SessionRunner:
         live = self._live()
         if live is not None:
             await _quietly(live.run_started(self.key, run.id), self.skey)
+        tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
         async def emit(event: AgentEvent) -> None:
             if live is not None and isinstance(event, TextDelta):
                 await _quietly(live.run_delta(self.key, run.id, event.text), self.skey)
+            elif isinstance(event, ToolStep):
+                tools.append(_tool_record(event))
             elif isinstance(event, Done):
                 log.info(
                     "run %s %s steps=%d tools=%d tokens=%d+%d limits=%s",
@@ -251,6 +254,8 @@ class SessionRunner:
                     await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
                 run.credits = 0.0
             run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
+            if tools:
+                run.detail["tools"] = tools
             if live is not None:
                 await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
             with contextlib.suppress(StoreError):
@@ -267,6 +272,8 @@ class SessionRunner:
         self.committing = True
         try:
             _fill(run, outcome)
+            if tools:
+                run.detail["tools"] = tools
             state = outcome.state
             if outcome.handoff:
                 state["handoff"] = {"reason": outcome.handoff, "at": time.time(), "run": run.id}
@@ -380,6 +387,7 @@ class SessionRunner:
 COMMANDS = frozenset({"reset", "start", "help"})
 _CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
+TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record
 
 
 def _is_command(item: InboxItem) -> bool:
@@ -398,6 +406,15 @@ def _fill(run: RunRecord, outcome: RunOutcome) -> None:
         run.detail["unverified_amounts"] = outcome.unverified_amounts
     if outcome.handoff:
         run.detail["handoff"] = outcome.handoff
+
+
+def _tool_record(step: ToolStep) -> dict[str, Any]:
+    return {
+        "name": step.name,
+        "arguments": step.arguments[:TOOL_TEXT_MAX],
+        "result": step.result[:TOOL_TEXT_MAX],
+        "ok": step.ok,
+    }
 
 
 async def _quietly(coro: Awaitable[None], skey: str) -> None:

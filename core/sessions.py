@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Mapping
 
 from core.access import AccessControl, AccessRule
 from core.errors import StoreError
-from core.models import InboundMessage, Reply, SessionKey
+from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
 from core.policies import (
     HELP_REPLY,
@@ -195,6 +195,13 @@ class SessionManager:
         stored in the outbox, then delivered in order by the session's runner."""
         await self.store.enqueue_replies(str(key), [Reply(text=text)])
         self._wake(key, arrived=False)
+
+    async def operator_reply(self, key: SessionKey, text: str) -> list[OutboundPart]:
+        """A person answers in the session (human takeover): stored in the outbox like any
+        reply, so the customer sees a normal message, and delivered in order by the runner."""
+        parts = await self.store.enqueue_replies(str(key), [Reply(text=text)])
+        self._wake(key, arrived=False)
+        return parts
 
     async def pause(self, key: SessionKey, reason: str) -> None:
         """A person takes over: the bot starts no run here until hand_back; messages are kept."""

@@ -14,7 +14,7 @@ from channels.web import WebChat
 from core.agent.model import ModelClient
 from core.errors import StoreError
 from core.store import Store
-from gateway import webchat
+from gateway import admin, webchat
 from gateway.channels import build_channels, channel_context
 from gateway.http import error_middleware
 from gateway.keys import METRICS, RUNTIME, SETTINGS, WEBCHAT
@@ -65,6 +65,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    admin.add_routes(app)  # /admin, only when [admin] token is set
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()

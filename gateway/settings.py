@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
 )
 from pydantic.fields import FieldInfo
@@ -50,6 +51,7 @@ EXAMPLE_CONFIG = Path("config/switchboard.example.toml")
 ENV_PREFIX = "SWITCHBOARD__"
 PLATFORM_CHANNELS = ("telegram", "slack", "whatsapp")
 CHANNEL_NAMES = ("web", "console", *PLATFORM_CHANNELS)
+ADMIN_TOKEN_MIN = 16  # the console's only lock; a short token is guessable
 
 
 class _Section(BaseModel):
@@ -73,6 +75,12 @@ class StoreSettings(_Section):
 
 class WebChannelSettings(ChannelSection):
     enabled: bool = True
+
+
+class AdminSettings(_Section):
+    """[admin]: the operator console at /admin; without a token it is off (404)."""
+
+    token: SecretStr | None = None
 
 
 class ChannelsSettings(_Section):
@@ -135,6 +143,7 @@ class Settings(BaseSettings):
     tools: ToolsSettings = ToolsSettings()
     quotas: QuotaSettings = QuotaSettings()
     channels: ChannelsSettings = ChannelsSettings()
+    admin: AdminSettings = AdminSettings()
 
     def resolved_agents(self) -> dict[str, ResolvedAgent]:
         """Every agent with its effective settings: [agent] is "default"; each [agents.NAME]
@@ -258,6 +267,9 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
 
     for name in PLATFORM_CHANNELS:
         p.extend(getattr(s.channels, name).problems(s.server.public_url))
+    token = s.admin.token.get_secret_value() if s.admin.token is not None else ""
+    if token and len(token.strip()) < ADMIN_TOKEN_MIN:  # empty: the console is off
+        p.append(("admin.token", f"at least {ADMIN_TOKEN_MIN} characters (or leave it unset)"))
     return p
 
 

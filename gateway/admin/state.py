@@ -1,0 +1,128 @@
+"""What the console keeps per app: auth, a change signal for live updates, the secret filter
+and the page."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+from pydantic import BaseModel, SecretStr
+
+from gateway.admin.auth import AdminAuth, LoginThrottle
+from gateway.settings import Settings
+
+__all__ = ["ADMIN", "AdminState", "Changes", "Page", "Redactor"]
+
+REDACTED = "[redacted]"
+MIN_SECRET = 6  # shorter values would blank out ordinary words
+
+
+class Changes:
+    """Bumped when the console itself changes something (pause, reply, retry), so the live
+    stream tells every open page at once instead of at the next poll."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.closed = False
+        self._event = asyncio.Event()
+
+    def bump(self) -> None:
+        self.version += 1
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.bump()
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+
+
+class Redactor:
+    """Blanks every configured secret (SecretStr values, HTTP tool headers, the store URL's
+    password) out of what the console sends: error texts and tool results can echo them."""
+
+    def __init__(self, settings: Settings) -> None:
+        found: set[str] = set()
+        _walk(settings, found)
+        for tool in settings.tools.http.values():
+            for value in tool.headers.values():
+                found.add(value)
+                found.update(value.split())
+        password = urlsplit(settings.store.url).password
+        if password:
+            found.add(password)
+        forms = {s for s in found if len(s) >= MIN_SECRET}
+        forms |= {json.dumps(s)[1:-1] for s in forms}  # as they appear inside JSON strings
+        self._secrets = sorted(forms, key=len, reverse=True)
+
+    def json(self, data: Any, status: int = 200) -> web.Response:
+        text = json.dumps(data, ensure_ascii=False, default=str)
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _walk(value: Any, found: set[str]) -> None:
+    if isinstance(value, SecretStr):
+        found.add(value.get_secret_value())
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _walk(getattr(value, name), found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _walk(item, found)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _walk(item, found)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The console page, with a Content-Security-Policy pinning its own inline script and
+    style by hash: nothing else runs or loads on it."""
+
+    html: str
+    csp: str
+
+    @classmethod
+    def load(cls) -> Page:
+        html = resources.files("gateway").joinpath("admin_static/admin.html").read_text("utf-8")
+        scripts = " ".join(_hashes(html, "script"))
+        styles = " ".join(_hashes(html, "style"))
+        csp = (
+            f"default-src 'none'; script-src {scripts}; style-src {styles}; img-src 'self' data:;"
+            " connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        )
+        return cls(html, csp)
+
+
+def _hashes(html: str, tag: str) -> list[str]:
+    out = []
+    for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.DOTALL):
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        out.append(f"'sha256-{digest}'")
+    return out or ["'none'"]
+
+
+@dataclass
+class AdminState:
+    auth: AdminAuth
+    redactor: Redactor
+    page: Page
+    changes: Changes = field(default_factory=Changes)
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+
+
+ADMIN = web.AppKey("admin", AdminState)

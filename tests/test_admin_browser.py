@@ -1,0 +1,194 @@
+"""The console and the web chat in a real browser: Debian's Chromium, headless, via Playwright.
+
+Never downloads a browser: CI installs Chromium with `apt-get install -y chromium`. Without it
+these tests fail (they are never skipped). Screenshots go to the test's tmp_path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
+from tests.test_admin import TOKEN, chat_browser, config, gateway, replies, say, until
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+STEP_MS = 10_000  # the longest any one thing may take to show up
+
+
+def _require_chromium() -> None:
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"Chromium is missing at {CHROMIUM}: install it with `apt-get install -y chromium`"
+            " (these tests drive Debian's browser and never download one)"
+        )
+
+
+@pytest.fixture
+async def chromium() -> AsyncIterator[Any]:
+    _require_chromium()
+    try:
+        from playwright.async_api import async_playwright
+    except ImportError:
+        pytest.fail("the playwright package is missing: pip install -e '.[test]'")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            await browser.close()
+
+
+class Screens:
+    """Numbered screenshots in the test's folder; copied to tests/artifacts when asked."""
+
+    def __init__(self, page: Any, folder: Path) -> None:
+        self.page, self.folder, self.count = page, folder, 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    async def shot(self, name: str) -> Path:
+        self.count += 1
+        path = self.folder / f"{self.count:02d}-{name}.png"
+        await self.page.screenshot(path=str(path), full_page=False)
+        return path
+
+
+async def _page(chromium: Any) -> tuple[Any, list[str]]:
+    """A page that records script errors and console errors (a CSP violation is one)."""
+    page = await chromium.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("console", lambda m: _console_error(m, errors))
+    page.set_default_timeout(STEP_MS)
+    return page, errors
+
+
+async def test_operator_takes_over_a_conversation(
+    tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
+) -> None:
+    fake_openai.script(ToolCalls([("search_knowledge", '{"query": "repairs"}')], delay_s=0.6))
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}", delay_s=0.6)
+    async with gateway(config(tmp_path, model_url=fake_openai.url)) as gw:
+        page, errors = await _page(chromium)
+        screens = Screens(page, tmp_path / "screens")
+        await page.goto(gw.url + "/admin")
+        await page.locator("#login-form").wait_for()
+        await page.fill("#token", "not-the-token")
+        await page.click("#login-submit")
+        await page.get_by_text("wrong admin token").wait_for()
+        await page.fill("#token", TOKEN)
+        await page.click("#login-submit")
+        await page.locator("#tabs").wait_for()
+        await page.locator("#live.on").wait_for()
+        await page.get_by_text("No sessions yet").wait_for()
+        await screens.shot("empty")
+
+        async with chat_browser(gw) as customer:
+            await say(customer, "Hi, is my bike ready?")
+            item = page.locator(".session-item")
+            await item.locator(".badge.working").wait_for()  # live, while the model works
+            await screens.shot("working")
+            await item.click()
+            timeline = page.locator("#timeline")
+            await timeline.get_by_text("Hi, is my bike ready?", exact=True).wait_for()
+            await timeline.get_by_text("echo: Hi, is my bike ready?").wait_for()
+            await page.locator(".run summary").first.click()
+            run = page.locator(".run .body")
+            await run.get_by_text("Model calls").wait_for()
+            tool = run.locator(".tool[data-tool='search_knowledge']")
+            assert "repairs" in await tool.locator("pre.args").inner_text()
+            assert '"results"' in await tool.locator("pre.result").inner_text()
+
+            await page.click("#btn-pause")
+            await page.locator("#handoff-banner").get_by_text("taken over").wait_for()
+            await item.locator(".badge.paused").first.wait_for()
+            asked = len(fake_openai.requests)
+            await say(customer, "Are you a real person?")
+            await timeline.get_by_text("held for the operator").wait_for()
+            await page.fill("#reply-text", "Yes! I'm Sam from the workshop. Your bike is ready.")
+            await page.click("#reply-send")
+            await page.locator(".row.operator").get_by_text("I'm Sam").wait_for()
+            await until(
+                lambda: _has(customer, "Yes! I'm Sam from the workshop. Your bike is ready."),
+                "the operator's reply in the web chat",
+            )
+            assert len(fake_openai.requests) == asked  # the bot stayed quiet
+            await screens.shot("takeover")
+
+            await page.click("#btn-handback")
+            await timeline.get_by_text("echo: Are you a real person?").wait_for()
+            await page.locator("#btn-pause").wait_for()
+            await screens.shot("handed-back")
+
+        await page.click("#tab-usage")
+        bars = page.locator("#chart rect.bar")
+        await bars.first.wait_for()
+        assert await bars.count() >= 1
+        assert await page.locator("#by-channel tr[data-name='web']").count() == 1
+        await screens.shot("usage")
+        await page.click("#tab-dead")
+        await page.get_by_text("Nothing failed").wait_for()
+        await page.click("#logout")
+        await page.locator("#login-form").wait_for()
+        assert errors == []
+        _keep(screens)
+
+
+async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any) -> None:
+    async with gateway(config(tmp_path, model_url=None, admin=False)) as gw:
+        page, errors = await _page(chromium)
+        screens = Screens(page, tmp_path / "screens")
+        await page.goto(gw.url + "/")
+        await page.locator("#status.on").wait_for()  # the event stream is open
+        await page.evaluate(
+            """() => {
+                window.__sizes = new Set();
+                new MutationObserver(() => {
+                  for (const b of document.querySelectorAll('.row.assistant .bubble'))
+                    window.__sizes.add(b.textContent.length);
+                }).observe(document.getElementById('log'),
+                           {subtree: true, childList: true, characterData: true});
+            }"""
+        )
+        await page.fill("#input", "what are your opening hours?")
+        await page.press("#input", "Enter")
+        answer = page.locator(".row.assistant:not(.pending) .bubble").filter(has_text="Monday")
+        await answer.wait_for()
+        assert await page.evaluate("window.__sizes.size") > 3  # it grew word by word
+        assert "hours.md" in await answer.inner_text()
+        await screens.shot("web-chat")
+        assert errors == []
+
+
+def _console_error(message: Any, errors: list[str]) -> None:
+    # a 401 before signing in is how the page learns it must show the login form
+    if message.type == "error" and "status of 401" not in message.text:
+        errors.append(message.text)
+
+
+async def _has(client: Any, text: str) -> bool:
+    return text in await replies(client)
+
+
+def _keep(screens: Screens) -> None:
+    """With SWITCHBOARD_KEEP_SCREENSHOTS=1, copy the last set next to the tests."""
+    if os.environ.get("SWITCHBOARD_KEEP_SCREENSHOTS") != "1":
+        return
+    target = Path(__file__).parent / "artifacts"
+    target.mkdir(exist_ok=True)
+    for png in screens.folder.glob("*.png"):
+        shutil.copy(png, target / png.name)
