@@ -18,10 +18,17 @@ from channels.console import Console
 from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
-from gateway.logs import setup_logging
+from gateway.logs import redact, setup_logging
 from gateway.probes import probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
-from gateway.settings import DEFAULT_CONFIG, Settings, config_path, load_settings, settings_warnings
+from gateway.settings import (
+    DEFAULT_CONFIG,
+    Settings,
+    config_path,
+    load_settings,
+    secret_values,
+    settings_warnings,
+)
 
 __all__ = ["main"]
 
@@ -73,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _print_problems(exc.problems, args.config)
         return EXIT_CONFIG
+    redact(secret_values(settings))
     for key, msg in settings_warnings(settings):
         print(f"warning: {key}: {msg}", file=sys.stderr)
     if args.command == "check":

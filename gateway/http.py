@@ -45,6 +45,8 @@ async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
         return json_error(exc.status, reason)
+    except ConnectionResetError:  # the client went away before sending its whole body
+        return json_error(400, "connection closed before the body was read")
     except StoreError as exc:
         log.error("store unavailable: %s", exc)
         return json_error(503, "storage unavailable, try again later")
@@ -62,3 +64,5 @@ async def read_json(request: web.Request) -> Any:
         raise web.HTTPBadRequest(text="body is not valid UTF-8") from None
     except ValueError as exc:
         raise web.HTTPBadRequest(text=f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise web.HTTPBadRequest(text="body is nested too deeply") from None

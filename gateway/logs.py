@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Literal
 
-__all__ = ["setup_logging"]
+__all__ = ["redact", "setup_logging"]
 
 CONTEXT = ("session", "channel", "run_id")
 Format = Literal["auto", "json", "text"]
@@ -52,3 +52,34 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
     for noisy in ("aiosqlite", "httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _Redactor(logging.Filter):
+    """Replaces configured secrets in every record, whatever library logged it (a Bot API
+    client logs its URL, token included, at debug level)."""
+
+    def __init__(self, secrets: list[str]) -> None:
+        super().__init__()
+        self._secrets = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self._secrets:
+            return True
+        text = record.getMessage()
+        clean = text
+        for secret in self._secrets:
+            clean = clean.replace(secret, "***")
+        if clean != text:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None:
+            error = str(record.exc_info[1])
+            if any(secret in error for secret in self._secrets):
+                record.exc_info, record.exc_text = None, None
+                record.msg = f"{record.msg} (error details withheld: they held a secret)"
+        return True
+
+
+def redact(secrets: list[str]) -> None:
+    """From now on, no log line shows any of these values."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Redactor(secrets))

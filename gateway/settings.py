@@ -339,6 +339,31 @@ def _has_asyncpg() -> bool:
     return importlib.util.find_spec("asyncpg") is not None
 
 
+def secret_values(s: Settings) -> list[str]:
+    """Every secret the configuration holds, so logs can be scrubbed of them."""
+    found: list[str] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, SecretStr):
+            found.append(value.get_secret_value())
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name))
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    walk(s)
+    for tool in s.tools.http.values():
+        found.extend(tool.headers.values())
+    if (m := re.search(r"//[^:/@]+:([^@]+)@", s.store.url)) is not None:
+        found.append(m.group(1))
+    return [v for v in found if v]
+
+
 def settings_warnings(s: Settings) -> list[tuple[str, str]]:
     """Valid but worth saying: things that will not do what the operator may expect."""
     w: list[tuple[str, str]] = []

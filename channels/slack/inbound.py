@@ -87,7 +87,7 @@ class Inbound:
             return await self._bolt(request)
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return web.json_response({"error": "body is not valid JSON"}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
@@ -122,17 +122,22 @@ class Inbound:
             self._seen.pop(key, None)
 
     def _verified(self, raw: bytes, timestamp: str | None, signature: str | None) -> bool:
+        if not (timestamp and signature and timestamp.isascii() and signature.isascii()):
+            return False
         try:
             return self._verifier.is_valid(raw, timestamp, signature)
         except ValueError:  # a timestamp that is not a number, a body that is not UTF-8
             return False
 
     async def _bolt(self, request: web.Request) -> web.StreamResponse:
+        # Bolt assumes well-formed payloads: a signed body that is not (a null, a list, a
+        # payload= nested thousands deep, actions that are not a list) must be a 400, not a 500
         try:
             bolt_request = await to_bolt_request(request)
-        except ValueError:  # a payload= that is not JSON, a body that is not UTF-8
+            response = await self._bolt_app.async_dispatch(bolt_request)
+        except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
             return web.json_response({"error": "malformed form body"}, status=400)
-        return await to_aiohttp_response(await self._bolt_app.async_dispatch(bolt_request))
+        return await to_aiohttp_response(response)
 
     # normalized input, from the route or Socket Mode
 

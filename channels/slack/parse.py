@@ -56,6 +56,8 @@ def parse_event(
     if not isinstance(event, dict) or event.get("type") not in ("message", "app_mention"):
         return None
     subtype = event.get("subtype")
+    if subtype is not None and not isinstance(subtype, str):
+        return None
     if (subtype is not None and subtype not in _PERSON_SUBTYPES) or event.get("hidden"):
         return None
     user, channel, ts = _str(event.get("user")), _str(event.get("channel")), _str(event.get("ts"))

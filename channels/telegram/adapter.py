@@ -77,8 +77,9 @@ class TelegramAdapter:
         return [web.post(ROUTE, self._handle_webhook)] if self._webhook else []
 
     async def _handle_webhook(self, request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "").encode()
-        if not self._secret or not hmac.compare_digest(given, self._secret):
+        header = request.headers.get(SECRET_HEADER, "")
+        given = header.encode() if header.isascii() else b""  # a real secret is ASCII
+        if not self._secret or not given or not hmac.compare_digest(given, self._secret):
             return web.json_response({"error": "forbidden"}, status=403)
         raw = await request.read()
         try:

@@ -75,7 +75,7 @@ class WebChat:
             conversation=session_id,
             sender=Sender(id=session_id),
             text=text,
-            platform_id=post.client_id,
+            platform_id=f"{session_id}:{post.client_id}",  # ids are only unique per browser
             kind=kind,
             command=command,
             button_value=post.button,

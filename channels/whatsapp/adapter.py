@@ -114,7 +114,8 @@ class WhatsAppAdapter:
         if signature is None:
             raise web.HTTPUnauthorized(text="missing X-Hub-Signature-256")
         expected = "sha256=" + hmac.new(self._secret, raw, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(signature.strip().encode(), expected.encode()):
+        given = signature.strip()
+        if not given.isascii() or not hmac.compare_digest(given.encode(), expected.encode()):
             log.warning("WhatsApp notification with a bad signature", extra={"channel": CHANNEL})
             raise web.HTTPForbidden(text="bad signature")
         try:
