@@ -127,3 +127,17 @@ async def test_numbers_are_looked_up_at_start(
         pass
     assert "WhatsApp number 1001 ready: +1 555 000 1001" in caplog.text
     assert "WhatsApp number 1002 ready: +1 555 000 1002" in caplog.text
+
+
+async def test_media_is_fetched_only_from_allowed_hosts() -> None:
+    from channels.whatsapp.client import GraphClient
+    from core.errors import ChannelError
+
+    graph = GraphClient("http://127.0.0.1:9", "v21.0", "wa-token", 1.0, ("lookaside.fbsbx.com",))
+    try:
+        for url in ("https://evil.example/steal", "file:///etc/passwd", "https://fbsbx.com.evil/x"):
+            with pytest.raises(ChannelError) as err:
+                await graph.download(url, 100)
+            assert err.value.code == "host"
+    finally:
+        await graph.aclose()

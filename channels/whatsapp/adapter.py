@@ -71,6 +71,7 @@ class WhatsAppAdapter:
             settings.api_version,
             _secret(settings.access_token),
             settings.timeout_s,
+            tuple(settings.media_hosts),
         )
         self._sender = Sender(settings, ctx, self._graph)
         self._tasks: set[asyncio.Task[None]] = set()

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from core.agent.http_tools import host_allowed
 from core.errors import ChannelError
 
 __all__ = ["PAIR_LIMITED", "RE_ENGAGEMENT", "THROTTLED", "GraphClient", "Media"]
@@ -41,8 +43,17 @@ class MediaTooLarge(ChannelError):
 
 
 class GraphClient:
-    def __init__(self, base_url: str, version: str, token: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        version: str,
+        token: str,
+        timeout_s: float,
+        media_hosts: tuple[str, ...] = (),
+    ) -> None:
         self._version = version.strip("/")
+        # the bearer token goes only to the Graph host and the media hosts allowed here
+        self._media_hosts = (urlsplit(base_url).hostname or "", *media_hosts)
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -88,6 +99,11 @@ class GraphClient:
 
     async def download(self, url: str, cap: int) -> bytes:
         """The media bytes (the bearer token is required here too), at most `cap` of them."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("https", "http") or not host_allowed(
+            parts.hostname or "", self._media_hosts
+        ):
+            raise ChannelError(f"media host {parts.hostname!r} is not allowed", code="host")
         try:
             async with self._http.stream("GET", url) as resp:
                 if resp.status_code >= 400:

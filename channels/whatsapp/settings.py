@@ -24,6 +24,8 @@ class WhatsAppSettings(ChannelSection):
 
     # more business numbers served by the same app (same token); each has its own sessions
     phone_number_ids: list[str] = Field(default_factory=list)
+    # where media may be downloaded from with the access token, besides api_base's host
+    media_hosts: list[str] = Field(default_factory=lambda: ["lookaside.fbsbx.com", "*.fbcdn.net"])
     # the approved template sent when the 24-hour customer service window is closed
     template_name: str | None = None
     template_language: str = "en_US"
