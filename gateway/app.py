@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -69,6 +70,7 @@ def build_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
+        sampler = asyncio.create_task(_sample_queue_depth(runtime.store, telemetry))
         started: list[Lifecycle] = []
         try:
             for service in background:
@@ -77,6 +79,8 @@ def build_app(
             yield
         finally:
             # drain first: replies of the runs finishing in the grace period still go out
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
             await runtime.manager.aclose(settings.server.shutdown_grace_s)
             for service in reversed(started):
                 await service.aclose()
@@ -88,6 +92,16 @@ def build_app(
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(close_streams)
     return app
+
+
+async def _sample_queue_depth(store: Store, metrics: Metrics, every_s: float = 5.0) -> None:
+    """The queue depth gauge, read from the store now and then (it spans replicas)."""
+    while True:
+        try:
+            metrics.queue_depth.set(await store.queue_depth())
+        except StoreError as exc:
+            log.warning("queue depth not sampled: %s", exc)
+        await asyncio.sleep(every_s)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -57,6 +57,12 @@ class Metrics:
             registry=r,
         )
 
+        self.queue_depth = Gauge(
+            "switchboard_queue_depth",
+            "Messages stored and waiting for (or inside) a run, all replicas (sampled).",
+            registry=r,
+        )
+
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
 

@@ -47,6 +47,7 @@ async def test_metrics_count_inbound_runs_sends_and_http(tmp_path: Path) -> None
     assert "switchboard_model_call_seconds_count 2.0" in text  # search, then answer
     assert 'switchboard_tokens_total{direction="output"}' in text
     assert "switchboard_active_sessions" in text
+    assert "switchboard_queue_depth 0.0" in text  # sampled at start: nothing was waiting
 
 
 def test_json_log_lines_carry_the_session_and_run() -> None:

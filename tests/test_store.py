@@ -629,3 +629,10 @@ async def test_delivery_reports_only_move_forward(store: Store) -> None:
     await store.kv_set("ns", "k", "v")
     await store.kv_delete("ns", "k")
     assert await store.kv_get("ns", "k") is None
+
+
+async def test_queue_depth_counts_pending_messages(store: Store) -> None:
+    assert await store.queue_depth() == 0
+    await store.put_inbound(S1, msg(text="a"), 10)
+    await store.put_inbound(S2, msg(text="b", conversation="bob"), 10)
+    assert await store.queue_depth() == 2

@@ -146,6 +146,9 @@ class Store(Protocol):
     async def release_unpaired(self, channel: str, sender: str) -> int:
         """Queue the messages a person sent before the operator approved them."""
 
+    async def queue_depth(self) -> int:
+        """Messages stored and waiting for (or inside) a run, across all sessions."""
+
     async def sessions_with_work(self) -> list[str]:
         """Sessions with pending inbox messages or undelivered outbox parts that no live runner
         holds (no lease, or an expired one): the work a replica should pick up."""

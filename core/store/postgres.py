@@ -241,6 +241,10 @@ class PostgresStore:
             )
         return int(result.rsplit(" ", 1)[-1])
 
+    async def queue_depth(self) -> int:
+        async with self._conn() as c:
+            return int(await c.fetchval("SELECT count(*) FROM inbox WHERE status = 'pending'"))
+
     async def sessions_with_work(self) -> list[str]:
         async with self._conn() as c:
             rows = await c.fetch(

@@ -244,6 +244,12 @@ class SqliteStore:
         changed: int = await self._write(op)
         return changed
 
+    async def queue_depth(self) -> int:
+        row = await self._read(
+            lambda c: _fetchone(c, "SELECT count(*) FROM inbox WHERE status = 'pending'")
+        )
+        return int(row[0])
+
     async def sessions_with_work(self) -> list[str]:
         rows = await self._read(
             lambda c: _fetchall(
