@@ -645,13 +645,13 @@ async def _rollback(conn: aiosqlite.Connection) -> None:
 
 
 async def _fetchone(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
-    async with c.execute(sql, args) as cur:
-        return await cur.fetchone()
+    rows = await _fetchall(c, sql, args)
+    return rows[0] if rows else None
 
 
 async def _fetchall(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    async with c.execute(sql, args) as cur:
-        return list(await cur.fetchall())
+    # one trip to the connection's thread (a cursor costs three: execute, fetch, close)
+    return list(await c.execute_fetchall(sql, args))
 
 
 async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
