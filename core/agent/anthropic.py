@@ -15,7 +15,7 @@ import httpx
 from httpx_sse import EventSource, SSEError
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
-from core.agent.retry import RetryPolicy, with_retries
+from core.agent.retry import HttpModelClient, RetryPolicy
 from core.errors import ModelError
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_BASE_URL", "AnthropicClient", "to_anthropic_messages"]
@@ -41,7 +41,7 @@ OMITTED = "[earlier conversation omitted]"
 NO_RESULT = '{"error": "no_result", "detail": "This tool call got no result."}'
 
 
-class AnthropicClient:
+class AnthropicClient(HttpModelClient):
     def __init__(
         self,
         *,
@@ -56,36 +56,15 @@ class AnthropicClient:
         headers = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
         if api_key:
             headers["x-api-key"] = api_key
-        root = base_url.rstrip("/").removesuffix("/v1")  # tolerate an OpenAI-style ".../v1"
-        self._http = httpx.AsyncClient(
-            base_url=root + "/",
+        super().__init__(
+            base_url=base_url.rstrip("/").removesuffix("/v1"),  # tolerate an OpenAI-style /v1
             headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            # as many calls at once as runs at once: the session manager caps those
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+            model=model,
+            timeout_s=timeout_s,
+            stream=stream,
+            retry=retry,
             transport=transport,
         )
-        self._model = model
-        self._stream = stream
-        self._retry = retry or RetryPolicy()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def complete(
-        self, request: ModelRequest, on_delta: DeltaSink | None = None
-    ) -> ModelResponse:
-        body = self._body(request)
-
-        async def once(sink: DeltaSink) -> ModelResponse:
-            if self._stream:
-                return await self._complete_stream(body, sink)
-            response = await self._complete_once(body)
-            if response.text:
-                await sink(response.text)
-            return response
-
-        return await with_retries(self._retry, once, on_delta)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         system, messages = to_anthropic_messages(request.messages)

@@ -10,7 +10,7 @@ import httpx
 from httpx_sse import EventSource, SSEError
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
-from core.agent.retry import RetryPolicy, with_retries
+from core.agent.retry import HttpModelClient, RetryPolicy
 from core.errors import ModelError
 
 __all__ = ["OpenAIClient", "RetryPolicy"]
@@ -18,7 +18,7 @@ __all__ = ["OpenAIClient", "RetryPolicy"]
 log = logging.getLogger(__name__)
 
 
-class OpenAIClient:
+class OpenAIClient(HttpModelClient):
     def __init__(
         self,
         *,
@@ -30,36 +30,15 @@ class OpenAIClient:
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/") + "/",
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            # as many calls at once as runs at once: the session manager caps those
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
+        super().__init__(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
+            model=model,
+            timeout_s=timeout_s,
+            stream=stream,
+            retry=retry,
             transport=transport,
         )
-        self._model = model
-        self._stream = stream
-        self._retry = retry or RetryPolicy()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def complete(
-        self, request: ModelRequest, on_delta: DeltaSink | None = None
-    ) -> ModelResponse:
-        body = self._body(request)
-
-        async def once(sink: DeltaSink) -> ModelResponse:
-            if self._stream:
-                return await self._complete_stream(body, sink)
-            response = await self._complete_once(body)
-            if response.text:
-                await sink(response.text)
-            return response
-
-        return await with_retries(self._retry, once, on_delta)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         body: dict[str, Any] = {

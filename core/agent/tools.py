@@ -126,8 +126,7 @@ class ToolRegistry:
         """What the model is shown; built once (JSON schemas are costly to derive per call)."""
         if self._specs is None:
             self._specs = tuple(
-                ToolSpec(t.name, t.description, _schema(t.args_model))
-                for t in self._tools.values()
+                ToolSpec(t.name, t.description, _schema(t.args_model)) for t in self._tools.values()
             )
         return self._specs
 

@@ -20,6 +20,9 @@ __all__ = [
     "Store",
     "TranscriptEntry",
     "delivery_rank",
+    "history_entries",
+    "outbound_parts",
+    "transcript_entries",
 ]
 
 
@@ -110,6 +113,52 @@ class RunRecord:
     error: str | None = None
     inbox_ids: list[int] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+# Row decoding shared by the backends: both select the same columns in the same order.
+
+
+def history_entries(rows: list[Any]) -> list[HistoryEntry]:
+    """(id, role, content, run_id, created_at, reply) rows, newest first; oldest first out."""
+    return [
+        HistoryEntry(
+            role=r[1],
+            content=r[2],
+            run_id=r[3],
+            created_at=r[4],
+            id=r[0],
+            reply=Reply.model_validate_json(r[5]) if r[5] else None,
+        )
+        for r in reversed(rows)
+    ]
+
+
+def transcript_entries(rows: list[Any]) -> list[TranscriptEntry]:
+    """(entry id, role, payload or reply JSON, ts) rows, newest first, as entries oldest first."""
+    out = []
+    for entry_id, role, payload, ts in reversed(rows):
+        if role == "user":
+            msg = InboundMessage.model_validate_json(payload)
+            out.append(TranscriptEntry(entry_id, role, msg.text, ts))
+        else:
+            reply = Reply.model_validate_json(payload)
+            out.append(TranscriptEntry(entry_id, role, reply.text, ts, reply))
+    return out
+
+
+def outbound_parts(session: str, rows: list[Any]) -> list[OutboundPart]:
+    """(id, run_id, seq, reply JSON, attempts) rows as outbox parts."""
+    return [
+        OutboundPart(
+            id=r[0],
+            session=session,
+            run_id=r[1],
+            seq=r[2],
+            reply=Reply.model_validate_json(r[3]),
+            attempts=r[4],
+        )
+        for r in rows
+    ]
 
 
 class Store(Protocol):

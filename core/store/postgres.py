@@ -32,6 +32,9 @@ from core.store.base import (
     SessionRecord,
     TranscriptEntry,
     delivery_rank,
+    history_entries,
+    outbound_parts,
+    transcript_entries,
 )
 from core.store.postgres_schema import MIGRATIONS
 
@@ -292,17 +295,7 @@ class PostgresStore:
                 session,
                 limit,
             )
-        return [
-            HistoryEntry(
-                role=r[1],
-                content=r[2],
-                run_id=r[3],
-                created_at=r[4],
-                id=r[0],
-                reply=Reply.model_validate_json(r[5]) if r[5] else None,
-            )
-            for r in reversed(rows)
-        ]
+        return history_entries(rows)
 
     async def transcript(self, session: str, limit: int) -> list[TranscriptEntry]:
         async with self._conn() as c:
@@ -322,15 +315,7 @@ class PostgresStore:
                 session,
                 limit,
             )
-        out = []
-        for entry_id, role, payload, ts in reversed(rows):
-            if role == "user":
-                msg = InboundMessage.model_validate_json(payload)
-                out.append(TranscriptEntry(entry_id, role, msg.text, ts))
-            else:
-                reply = Reply.model_validate_json(payload)
-                out.append(TranscriptEntry(entry_id, role, reply.text, ts, reply))
-        return out
+        return transcript_entries(rows)
 
     # turns and outbox
 
@@ -390,17 +375,7 @@ class PostgresStore:
                 " WHERE session = $1 AND status = 'pending' ORDER BY id",
                 session,
             )
-        return [
-            OutboundPart(
-                id=r[0],
-                session=session,
-                run_id=r[1],
-                seq=r[2],
-                reply=Reply.model_validate_json(r[3]),
-                attempts=r[4],
-            )
-            for r in rows
-        ]
+        return outbound_parts(session, rows)
 
     async def mark_sent(self, part_id: int, platform_id: str | None) -> None:
         async with self._conn() as c:

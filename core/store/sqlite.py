@@ -33,6 +33,9 @@ from core.store.base import (
     SessionRecord,
     TranscriptEntry,
     delivery_rank,
+    history_entries,
+    outbound_parts,
+    transcript_entries,
 )
 from core.store.sqlite_schema import MIGRATIONS
 
@@ -306,17 +309,7 @@ class SqliteStore:
                 (session, session, limit),
             )
         )
-        return [
-            HistoryEntry(
-                role=r[1],
-                content=r[2],
-                run_id=r[3],
-                created_at=r[4],
-                id=r[0],
-                reply=Reply.model_validate_json(r[5]) if r[5] else None,
-            )
-            for r in reversed(rows)
-        ]
+        return history_entries(rows)
 
     async def transcript(self, session: str, limit: int) -> list[TranscriptEntry]:
         rows = await self._read(
@@ -338,15 +331,7 @@ class SqliteStore:
                 (session, session, session, limit),
             )
         )
-        out = []
-        for entry_id, role, payload, ts in reversed(rows):
-            if role == "user":
-                msg = InboundMessage.model_validate_json(payload)
-                out.append(TranscriptEntry(entry_id, role, msg.text, ts))
-            else:
-                reply = Reply.model_validate_json(payload)
-                out.append(TranscriptEntry(entry_id, role, reply.text, ts, reply))
-        return out
+        return transcript_entries(rows)
 
     # turns and outbox
 
@@ -423,17 +408,7 @@ class SqliteStore:
                 (session,),
             )
         )
-        return [
-            OutboundPart(
-                id=r[0],
-                session=session,
-                run_id=r[1],
-                seq=r[2],
-                reply=Reply.model_validate_json(r[3]),
-                attempts=r[4],
-            )
-            for r in rows
-        ]
+        return outbound_parts(session, rows)
 
     async def mark_sent(self, part_id: int, platform_id: str | None) -> None:
         async def op(c: aiosqlite.Connection) -> None:
