@@ -327,7 +327,6 @@ def machine_facts() -> dict[str, str]:
         "aiohttp": _version("aiohttp"),
         "slack-bolt": _version("slack-bolt"),
         "python-telegram-bot": _version("python-telegram-bot"),
-        "aiosqlite": _version("aiosqlite"),
         "sqlite": sqlite3.sqlite_version,
         "asyncpg": _version("asyncpg"),
         "postgresql": _cmd(["psql", PG_BASE, "-Atc", "show server_version"]),

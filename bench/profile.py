@@ -24,7 +24,7 @@ _IMPORTS = [
     ("aiohttp", "import aiohttp.web"),
     ("pydantic + pydantic-settings", "import pydantic, pydantic_settings"),
     ("httpx", "import httpx, httpx_sse"),
-    ("core.store (aiosqlite)", "import core.store"),
+    ("core.store (sqlite3)", "import core.store"),
     ("core.sessions + agent loop", "import core.sessions"),
     ("core.knowledge", "import core.knowledge"),
     ("core.agent clients (openai, anthropic)", "import core.agent.openai, core.agent.anthropic"),

@@ -50,7 +50,7 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
-    for noisy in ("aiosqlite", "httpx", "httpcore", "asyncio"):
+    for noisy in ("httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -7,18 +7,19 @@ import asyncio
 import contextlib
 import itertools
 import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
 import pytest
 import pytest_asyncio
 
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, Sender
 from core.store import InboxStatus, Quota, RunRecord, SqliteStore, Store
+from core.store import sqlite as sqlite_module
 from core.store.postgres import PostgresStore
 from tests.conftest import pg_schema
 
@@ -106,8 +107,8 @@ async def store(open_store: Opener) -> Store:
 async def query(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
     """Read the rows with an independent connection (what another process would see)."""
     if isinstance(store, SqliteStore):
-        async with aiosqlite.connect(store._path) as conn, conn.execute(sql, args) as cur:
-            return [tuple(r) for r in await cur.fetchall()]
+        with contextlib.closing(sqlite3.connect(store._path)) as conn:
+            return [tuple(r) for r in conn.execute(sql, args).fetchall()]
     assert isinstance(store, PostgresStore)
     import asyncpg
 
@@ -457,13 +458,13 @@ async def test_group_commit_uses_far_fewer_transactions(
 ) -> None:
     store = sqlite_store
     batches: list[int] = []
-    original = SqliteStore._run_batch
+    original = sqlite_module._run_batch
 
-    async def counting(self: SqliteStore, conn: Any, batch: list[Any]) -> None:
-        batches.append(len(batch))
-        await original(self, conn, batch)
+    def counting(conn: sqlite3.Connection, fns: list[Any]) -> list[Any]:
+        batches.append(len(fns))
+        return original(conn, fns)
 
-    monkeypatch.setattr(SqliteStore, "_run_batch", counting)
+    monkeypatch.setattr(sqlite_module, "_run_batch", counting)
     results = await asyncio.gather(
         *(store.put_inbound(S1, msg(f"burst-{i}", text=f"m{i}"), 1000) for i in range(500))
     )
@@ -479,17 +480,17 @@ async def test_one_failing_op_does_not_fail_its_batch(
 ) -> None:
     store = sqlite_store
     batches: list[int] = []
-    original = SqliteStore._run_batch
+    original = sqlite_module._run_batch
 
-    async def counting(self: SqliteStore, conn: Any, batch: list[Any]) -> None:
-        batches.append(len(batch))
-        await original(self, conn, batch)
+    def counting(conn: sqlite3.Connection, fns: list[Any]) -> list[Any]:
+        batches.append(len(fns))
+        return original(conn, fns)
 
-    monkeypatch.setattr(SqliteStore, "_run_batch", counting)
+    monkeypatch.setattr(sqlite_module, "_run_batch", counting)
 
-    async def poison(c: aiosqlite.Connection) -> None:
+    def poison(c: sqlite3.Connection) -> None:
         # writes something, then fails: the write must be rolled back
-        await c.execute(
+        c.execute(
             "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
             " received_at) VALUES ('poison', 'web', 'default', 'px', '{}', 'pending', 0)"
         )

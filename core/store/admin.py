@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-import aiosqlite
 
 from core.errors import StoreError
 from core.models import InboundMessage, Reply, SessionKey
@@ -337,18 +337,18 @@ class _SqliteConsole(Console):
         return await self._store._read(lambda c: _all(c, sql, args))
 
     async def _update(self, sql: str, args: tuple[Any, ...]) -> str | None:
-        async def op(c: aiosqlite.Connection) -> str | None:
-            rows = await _all(c, sql, args)
+        def op(c: sqlite3.Connection) -> str | None:
+            rows = _all(c, sql, args)
             return str(rows[0][0]) if rows else None
 
         session: str | None = await self._store._write(op)
         return session
 
     async def watermark(self) -> tuple[Any, ...]:
-        async def read(c: aiosqlite.Connection) -> tuple[Any, ...]:
+        def read(c: sqlite3.Connection) -> tuple[Any, ...]:
             # data_version moves whenever another connection (the writer) commits
-            version = await _all(c, "PRAGMA data_version")
-            marks = await _all(c, f"SELECT {_MARKS}, (SELECT max(rowid) FROM runs)")
+            version = _all(c, "PRAGMA data_version")
+            marks = _all(c, f"SELECT {_MARKS}, (SELECT max(rowid) FROM runs)")
             return (*version[0], *marks[0])
 
         return await self._store._read(read)
@@ -396,9 +396,8 @@ def _numbered(sql: str) -> str:
     return re.sub(r"\?", lambda _: f"${next(counter)}", sql)
 
 
-async def _all(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    async with c.execute(sql, args) as cur:
-        return list(await cur.fetchall())
+def _all(c: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    return c.execute(sql, args).fetchall()
 
 
 # ---- rows ----

@@ -1,8 +1,10 @@
-"""SQLite store (aiosqlite, WAL): the embedded default for one gateway process.
+"""SQLite store (sqlite3, WAL): the embedded default for one gateway process.
 
 Writes go through one writer task that groups whatever is queued into a single transaction,
-so a burst of webhooks costs one fsync, not one each. Reads use their own connection; WAL lets
-them run beside the writer.
+so a burst of webhooks costs one fsync, not one each; the whole batch (BEGIN, every op,
+COMMIT) runs in one call on the writer connection's own thread. Reads use their own
+connection on their own thread, one call each; WAL lets them run beside the writer. Each
+connection lives on a single thread for its whole life, as sqlite3 wants.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
-
-import aiosqlite
 
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
@@ -43,7 +45,7 @@ __all__ = ["SqliteStore"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-WriteOp = Callable[[aiosqlite.Connection], Awaitable[Any]]
+WriteOp = Callable[[sqlite3.Connection], Any]
 
 
 class _Op:
@@ -54,15 +56,38 @@ class _Op:
         self.future = future
 
 
+class _Db:
+    """One sqlite3 connection and the one thread that ever touches it."""
+
+    def __init__(self, name: str) -> None:
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.conn: sqlite3.Connection | None = None
+
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self.conn
+        if conn is None:
+            raise StoreError("store is not running")
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, conn)
+
+    async def open(self, path: str) -> None:
+        loop = asyncio.get_running_loop()
+        self.conn = await loop.run_in_executor(self._thread, _connect, path)
+
+    async def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
+        self._thread.shutdown(wait=False)
+
+
 class SqliteStore:
     """Store on one SQLite file; `path` may be ":memory:" only for single-connection use."""
 
     def __init__(self, path: str | Path, *, max_batch: int = 512) -> None:
         self._path = str(path)
         self._max_batch = max_batch
-        self._writer: aiosqlite.Connection | None = None
-        self._reader: aiosqlite.Connection | None = None
-        self._read_lock = asyncio.Lock()
+        self._writer = _Db("sqlite-writer")
+        self._reader = self._writer if self._path == ":memory:" else _Db("sqlite-reader")
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -72,20 +97,14 @@ class SqliteStore:
         try:
             if self._path != ":memory:":
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-            self._writer = await self._connect()
-            await _migrate(self._writer)
-            self._reader = self._writer if self._path == ":memory:" else await self._connect()
+            await self._writer.open(self._path)
+            await self._writer.call(_migrate)
+            if self._reader is not self._writer:
+                await self._reader.open(self._path)
         except (sqlite3.Error, OSError) as exc:
+            await self._close_connections()
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
         self._task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
-
-    async def _connect(self) -> aiosqlite.Connection:
-        conn = await aiosqlite.connect(self._path, isolation_level=None)
-        await conn.execute("PRAGMA journal_mode=WAL")
-        await conn.execute("PRAGMA synchronous=FULL")
-        await conn.execute("PRAGMA busy_timeout=5000")
-        await conn.execute("PRAGMA foreign_keys=ON")
-        return conn
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -93,9 +112,12 @@ class SqliteStore:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        for conn in {id(c): c for c in (self._reader, self._writer) if c is not None}.values():
-            await conn.close()
-        self._reader = self._writer = None
+        await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        await self._reader.close()
+        if self._writer is not self._reader:
+            await self._writer.close()
 
     async def ping(self) -> None:
         await self._read(lambda c: _fetchone(c, "SELECT 1"))
@@ -110,52 +132,33 @@ class SqliteStore:
         return await asyncio.shield(fut)
 
     async def _write_loop(self) -> None:
-        assert self._writer is not None
-        conn = self._writer
         while True:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                await self._run_batch(conn, batch)
+                outcomes = await self._writer.call(partial(_run_batch, fns=[op.fn for op in batch]))
             except asyncio.CancelledError:
                 for op in batch:
                     if not op.future.done():
                         op.future.set_exception(StoreError("store closed"))
                 raise
+            except Exception as exc:  # the thread itself failed: nothing was committed
+                outcomes = [_Failed(exc)] * len(batch)
             finally:
                 for _ in batch:
                     self._queue.task_done()
+            for op, outcome in zip(batch, outcomes, strict=True):
+                if op.future.done():
+                    continue
+                if isinstance(outcome, _Failed):
+                    op.future.set_exception(outcome.error())
+                else:
+                    op.future.set_result(outcome)
 
-    async def _run_batch(self, conn: aiosqlite.Connection, batch: list[_Op]) -> None:
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            await conn.execute("BEGIN IMMEDIATE")
-            results = [await op.fn(conn) for op in batch]
-            await conn.execute("COMMIT")
-        except Exception as exc:
-            await _rollback(conn)
-            if len(batch) > 1:  # one bad op must not fail its neighbours: redo them one by one
-                for op in batch:
-                    await self._run_batch(conn, [op])
-                return
-            if isinstance(exc, _LeaseLost):
-                error = StoreError(str(exc))
-            else:
-                log.error("store write failed", exc_info=exc)
-                error = StoreError(f"store write failed: {exc}")
-            if not batch[0].future.done():
-                batch[0].future.set_exception(error)
-            return
-        for op, result in zip(batch, results, strict=True):
-            if not op.future.done():
-                op.future.set_result(result)
-
-    async def _read(self, fn: Callable[[aiosqlite.Connection], Awaitable[T]]) -> T:
-        if self._reader is None:
-            raise StoreError("store is not running")
-        try:
-            async with self._read_lock:
-                return await fn(self._reader)
+            return await self._reader.call(fn)
         except sqlite3.Error as exc:
             raise StoreError(f"store read failed: {exc}") from exc
 
@@ -166,10 +169,10 @@ class SqliteStore:
     ) -> PutResult:
         payload = msg.model_dump_json()
 
-        async def op(c: aiosqlite.Connection) -> PutResult:
+        def op(c: sqlite3.Connection) -> PutResult:
             # one statement in the common case: the queue cap is read inside the insert, and
             # a redelivery inserts nothing (the writer serializes all of this anyway)
-            row = await _fetchone(
+            row = _fetchone(
                 c,
                 "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
                 " received_at) SELECT ?, ?, ?, ?, ?, CASE WHEN ? THEN 'unpaired' WHEN"
@@ -190,7 +193,7 @@ class SqliteStore:
             )
             if row is not None:
                 return PutResult(row[0], InboxStatus(row[1]))
-            existing = await _fetchone(
+            existing = _fetchone(
                 c,
                 "SELECT id FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
                 (msg.channel, msg.account, msg.platform_id),
@@ -226,8 +229,8 @@ class SqliteStore:
         return await self._set_status(session, "held", "pending")
 
     async def release_unpaired(self, channel: str, sender: str) -> int:
-        async def op(c: aiosqlite.Connection) -> int:
-            cur = await c.execute(
+        def op(c: sqlite3.Connection) -> int:
+            cur = c.execute(
                 "UPDATE inbox SET status = 'pending' WHERE channel = ? AND status = 'unpaired'"
                 " AND json_extract(payload, '$.sender.id') = ?",
                 (channel, sender),
@@ -238,8 +241,8 @@ class SqliteStore:
         return released
 
     async def _set_status(self, session: str, old: str, new: str) -> int:
-        async def op(c: aiosqlite.Connection) -> int:
-            cur = await c.execute(
+        def op(c: sqlite3.Connection) -> int:
+            cur = c.execute(
                 "UPDATE inbox SET status = ? WHERE session = ? AND status = ?", (new, session, old)
             )
             return cur.rowcount
@@ -279,8 +282,8 @@ class SqliteStore:
     async def set_state(self, session: str, state: dict[str, Any]) -> None:
         text = json.dumps(state)
 
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "INSERT INTO sessions (key, state) VALUES (?, ?)"
                 " ON CONFLICT (key) DO UPDATE SET state = excluded.state",
                 (session, text),
@@ -289,8 +292,8 @@ class SqliteStore:
         await self._write(op)
 
     async def reset_session(self, session: str) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "INSERT INTO sessions (key, epoch, reset_at) VALUES (?, 1, ?)"
                 " ON CONFLICT (key) DO UPDATE SET epoch = epoch + 1, state = '{}',"
                 " reset_at = excluded.reset_at",
@@ -343,58 +346,58 @@ class SqliteStore:
         replies: list[Reply],
         state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
-        async def op(c: aiosqlite.Connection) -> list[OutboundPart]:
-            row = await _fetchone(
+        def op(c: sqlite3.Connection) -> list[OutboundPart]:
+            row = _fetchone(
                 c, "SELECT lease_owner, epoch FROM sessions WHERE key = ?", (run.session,)
             )
             if row is None or row[0] != owner:
                 raise _LeaseLost(run.session)
             epoch, now = row[1], time.time()
             if state is not None:
-                await c.execute(
+                c.execute(
                     "UPDATE sessions SET state = ? WHERE key = ?", (json.dumps(state), run.session)
                 )
             marks = ",".join("?" * len(run.inbox_ids))
-            await c.execute(
+            c.execute(
                 f"UPDATE inbox SET status = 'done', run_id = ? WHERE id IN ({marks})"
                 " AND status = 'pending'",
                 (run.id, *run.inbox_ids),
             )
             if user_text:
-                await c.execute(
+                c.execute(
                     "INSERT INTO messages (session, epoch, role, content, run_id, created_at)"
                     " VALUES (?, ?, 'user', ?, ?, ?)",
                     (run.session, epoch, user_text, run.id, now),
                 )
             for reply in replies:
-                await c.execute(
+                c.execute(
                     "INSERT INTO messages (session, epoch, role, content, reply, run_id,"
                     " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
                     (run.session, epoch, reply.text, reply.model_dump_json(), run.id, now),
                 )
-            await _insert_run(c, run)
-            return await _insert_outbox(c, run.session, run.id, replies)
+            _insert_run(c, run)
+            return _insert_outbox(c, run.session, run.id, replies)
 
         parts: list[OutboundPart] = await self._write(op)
         return parts
 
     async def record_run(self, run: RunRecord) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await _insert_run(c, run)
+        def op(c: sqlite3.Connection) -> None:
+            _insert_run(c, run)
 
         await self._write(op)
 
     async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
-        async def op(c: aiosqlite.Connection) -> list[OutboundPart]:
-            row = await _fetchone(c, "SELECT epoch FROM sessions WHERE key = ?", (session,))
+        def op(c: sqlite3.Connection) -> list[OutboundPart]:
+            row = _fetchone(c, "SELECT epoch FROM sessions WHERE key = ?", (session,))
             epoch, now = (row[0] if row else 0), time.time()
             for reply in replies:
-                await c.execute(
+                c.execute(
                     "INSERT INTO messages (session, epoch, role, content, reply, created_at)"
                     " VALUES (?, ?, 'assistant', ?, ?, ?)",
                     (session, epoch, reply.text, reply.model_dump_json(), now),
                 )
-            return await _insert_outbox(c, session, None, replies)
+            return _insert_outbox(c, session, None, replies)
 
         parts: list[OutboundPart] = await self._write(op)
         return parts
@@ -411,8 +414,8 @@ class SqliteStore:
         return outbound_parts(session, rows)
 
     async def mark_sent(self, part_id: int, platform_id: str | None) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "UPDATE outbox SET status = 'sent', platform_id = ?, sent_at = ?,"
                 " attempts = attempts + 1 WHERE id = ?",
                 (platform_id, time.time(), part_id),
@@ -423,8 +426,8 @@ class SqliteStore:
     async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None:
         status = "failed" if permanent else "pending"
 
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "UPDATE outbox SET status = ?, error = ?, attempts = attempts + 1 WHERE id = ?",
                 (status, error, part_id),
             )
@@ -434,15 +437,15 @@ class SqliteStore:
     async def update_delivery(
         self, channel: str, platform_id: str, status: str, error: str | None = None
     ) -> bool:
-        async def op(c: aiosqlite.Connection) -> bool:
-            cur = await c.execute(
+        def op(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
                 "UPDATE outbox SET delivery = ?, error = coalesce(?, error)"
                 f" WHERE channel = ? AND platform_id = ? AND {DELIVERY_RANK} < ?",
                 (status, error, channel, platform_id, delivery_rank(status)),
             )
             if cur.rowcount > 0:
                 return True
-            row = await _fetchone(
+            row = _fetchone(
                 c,
                 "SELECT 1 FROM outbox WHERE channel = ? AND platform_id = ?",
                 (channel, platform_id),
@@ -481,10 +484,8 @@ class SqliteStore:
         return None if row is None else str(row[0])
 
     async def kv_delete(self, namespace: str, key: str) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
-                "DELETE FROM channel_state WHERE namespace = ? AND key = ?", (namespace, key)
-            )
+        def op(c: sqlite3.Connection) -> None:
+            c.execute("DELETE FROM channel_state WHERE namespace = ? AND key = ?", (namespace, key))
 
         await self._write(op)
 
@@ -497,8 +498,8 @@ class SqliteStore:
         return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
                 " updated_at = excluded.updated_at",
@@ -508,9 +509,9 @@ class SqliteStore:
         await self._write(op)
 
     async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
-        async def op(c: aiosqlite.Connection) -> Quota | None:
+        def op(c: sqlite3.Connection) -> Quota | None:
             for q in limits:
-                row = await _fetchone(
+                row = _fetchone(
                     c,
                     "SELECT used FROM usage WHERE day = ? AND scope = ? AND key = ?",
                     (day, q.scope, q.key),
@@ -518,7 +519,7 @@ class SqliteStore:
                 if (row[0] if row else 0.0) + amount > q.limit:
                     return q
             for q in limits:
-                await c.execute(
+                c.execute(
                     "INSERT INTO usage (day, scope, key, used) VALUES (?, ?, ?, ?)"
                     " ON CONFLICT (day, scope, key) DO UPDATE SET used = used + excluded.used",
                     (day, q.scope, q.key, amount),
@@ -529,9 +530,9 @@ class SqliteStore:
         return refused
 
     async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
+        def op(c: sqlite3.Connection) -> None:
             for q in limits:
-                await c.execute(
+                c.execute(
                     "UPDATE usage SET used = max(used - ?, 0) WHERE day = ? AND scope = ?"
                     " AND key = ?",
                     (amount, day, q.scope, q.key),
@@ -552,9 +553,9 @@ class SqliteStore:
     # leases
 
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
-        async def op(c: aiosqlite.Connection) -> bool:
+        def op(c: sqlite3.Connection) -> bool:
             now = time.time()
-            cur = await c.execute(
+            cur = c.execute(
                 "INSERT INTO sessions (key, lease_owner, lease_until) VALUES (?, ?, ?)"
                 " ON CONFLICT (key) DO UPDATE SET lease_owner = excluded.lease_owner,"
                 " lease_until = excluded.lease_until"
@@ -568,8 +569,8 @@ class SqliteStore:
         return acquired
 
     async def renew_lease(self, session: str, owner: str, ttl: float) -> bool:
-        async def op(c: aiosqlite.Connection) -> bool:
-            cur = await c.execute(
+        def op(c: sqlite3.Connection) -> bool:
+            cur = c.execute(
                 "UPDATE sessions SET lease_until = ? WHERE key = ? AND lease_owner = ?",
                 (time.time() + ttl, session, owner),
             )
@@ -579,8 +580,8 @@ class SqliteStore:
         return renewed
 
     async def release_lease(self, session: str, owner: str) -> None:
-        async def op(c: aiosqlite.Connection) -> None:
-            await c.execute(
+        def op(c: sqlite3.Connection) -> None:
+            c.execute(
                 "UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
                 " WHERE key = ? AND lease_owner = ?",
                 (session, owner),
@@ -594,17 +595,59 @@ class _LeaseLost(Exception):
         super().__init__(f"lease on {session} is no longer held")
 
 
-async def _migrate(conn: aiosqlite.Connection) -> None:
+class _Failed:
+    """What one op of a batch raised, carried back from the writer thread."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def error(self) -> StoreError:
+        if isinstance(self.exc, _LeaseLost | StoreError):
+            return StoreError(str(self.exc))
+        return StoreError(f"store write failed: {self.exc}")
+
+
+def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp]) -> list[Any]:
+    """On the writer's thread: every op in one transaction, one result (or _Failed) each."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        results = [fn(conn) for fn in fns]
+        conn.execute("COMMIT")
+    except Exception as exc:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        if len(fns) > 1:  # one bad op must not fail its neighbours: redo them one by one
+            return [one for fn in fns for one in _run_batch(conn, [fn])]
+        if not isinstance(exc, _LeaseLost):
+            log.error("store write failed", exc_info=exc)
+        return [_Failed(exc)]
+    return results
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute("PRAGMA foreign_keys=ON")
+    except sqlite3.Error:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
     """Apply the migrations this file has not seen. Each runs in its own transaction and
     records its version only if absent, so processes starting together cannot double-apply."""
-    await conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    async with conn.execute("SELECT coalesce(max(version), 0) FROM schema_version") as cur:
-        row = await cur.fetchone()
-    current = row[0] if row else 0
+    conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+    current = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
     for version, script in MIGRATIONS:
         if version <= current:
             continue
-        await conn.executescript(
+        conn.executescript(
             f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_version (version) SELECT {version}"
             f" WHERE NOT EXISTS (SELECT 1 FROM schema_version WHERE version = {version});\nCOMMIT;"
         )
@@ -614,24 +657,17 @@ def _channel_of(session: str) -> str:
     return SessionKey.parse(session).channel
 
 
-async def _rollback(conn: aiosqlite.Connection) -> None:
-    with contextlib.suppress(sqlite3.Error):
-        await conn.execute("ROLLBACK")
+def _fetchone(c: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
+    return c.execute(sql, args).fetchone()
 
 
-async def _fetchone(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> Any:
-    rows = await _fetchall(c, sql, args)
-    return rows[0] if rows else None
+def _fetchall(c: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    return c.execute(sql, args).fetchall()
 
 
-async def _fetchall(c: aiosqlite.Connection, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-    # one trip to the connection's thread (a cursor costs three: execute, fetch, close)
-    return list(await c.execute_fetchall(sql, args))
-
-
-async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
+def _insert_run(c: sqlite3.Connection, run: RunRecord) -> None:
     d = asdict(run)
-    await c.execute(
+    c.execute(
         "INSERT OR REPLACE INTO runs (id, session, status, started_at, ended_at, steps,"
         " tool_calls, input_tokens, output_tokens, credits, limits_hit, error, inbox_ids,"
         " detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -654,13 +690,13 @@ async def _insert_run(c: aiosqlite.Connection, run: RunRecord) -> None:
     )
 
 
-async def _insert_outbox(
-    c: aiosqlite.Connection, session: str, run_id: str | None, replies: list[Reply]
+def _insert_outbox(
+    c: sqlite3.Connection, session: str, run_id: str | None, replies: list[Reply]
 ) -> list[OutboundPart]:
     parts = []
     now = time.time()
     for seq, reply in enumerate(replies):
-        cur = await c.execute(
+        cur = c.execute(
             "INSERT INTO outbox (session, channel, run_id, seq, reply, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             (session, _channel_of(session), run_id, seq, reply.model_dump_json(), now),
