@@ -1,4 +1,4 @@
-"""WhatsApp on the official Cloud API (Graph API over httpx): webhooks, delivery, templates."""
+"""WhatsApp on the official Cloud API (Graph API over aiohttp): webhooks, delivery, templates."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ from pydantic import SecretStr
 from channels.base import BadInput, ChannelContext
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
-from channels.whatsapp.outbound import match_menu, menu_from_json
+from channels.whatsapp.menus import Menus
+from channels.whatsapp.outbound import match_menu
 from channels.whatsapp.parse import (
     CHANNEL,
     Incoming,
@@ -33,7 +34,7 @@ from channels.whatsapp.parse import (
     Unsupported,
     parse,
 )
-from channels.whatsapp.sender import NS_MENU, NS_SEEN, Sender
+from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
@@ -73,7 +74,8 @@ class WhatsAppAdapter:
             settings.timeout_s,
             tuple(settings.media_hosts),
         )
-        self._sender = Sender(settings, ctx, self._graph)
+        self._menus = Menus(ctx.store)
+        self._sender = Sender(settings, ctx, self._graph, self._menus)
         self._tasks: set[asyncio.Task[None]] = set()
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
         self._recent: OrderedDict[str, None] = OrderedDict()  # stored wamids: skip refetching
@@ -84,7 +86,9 @@ class WhatsAppAdapter:
         return [web.get(PATH, self.handshake), web.post(PATH, self.webhook)]
 
     async def start(self) -> None:
-        """Look up each business number once, so a bad token or number id shows at start."""
+        """Load the open text menus; look up each business number once, so a bad token or
+        number id shows at start."""
+        await self._menus.start()
         for number in sorted(self._numbers):
             try:
                 info = await self._graph.lookup(number)
@@ -148,7 +152,7 @@ class WhatsAppAdapter:
         """A typed number or title answering the text menu we last sent becomes that button."""
         if msg.kind is not MessageKind.MESSAGE or msg.attachments or len(msg.text) > MENU_TEXT_MAX:
             return msg
-        menu = menu_from_json(await self._ctx.store.kv_get(NS_MENU, str(self._key(msg))))
+        menu = await self._menus.get(str(self._key(msg)))
         chosen = match_menu(msg.text, menu) if menu else None
         if chosen is None:
             return msg

@@ -1,4 +1,4 @@
-"""A small typed client of the WhatsApp Cloud API (Graph API) over httpx.
+"""A small typed client of the WhatsApp Cloud API (Graph API) over aiohttp.
 
 Graph errors arrive as `{"error": {"code", "message", ...}}`, usually with HTTP 400, so the
 client branches on `error.code`, not on the status, and translates every failure into
@@ -7,12 +7,13 @@ ChannelError: `code` is the Graph code as text ("131026"), or "auth" for a bad t
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from core.agent.http_tools import host_allowed
 from core.errors import ChannelError
@@ -51,17 +52,30 @@ class GraphClient:
         timeout_s: float,
         media_hosts: tuple[str, ...] = (),
     ) -> None:
+        self._base = base_url.rstrip("/")
         self._version = version.strip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        # a per-read timeout, not a total one: a large download that keeps coming is fine
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeout_s, sock_read=timeout_s
+        )
         # the bearer token goes only to the Graph host and the media hosts allowed here
         self._media_hosts = (urlsplit(base_url).hostname or "", *media_hosts)
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
-        )
+        self._http: aiohttp.ClientSession | None = None  # made on first use, in the loop
+        self._closed = False
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._closed = True
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def _session(self) -> aiohttp.ClientSession:
+        if self._closed:
+            raise ChannelError("WhatsApp client is shut down", retryable=True)
+        if self._http is None:
+            self._http = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._http
 
     async def send(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
         """POST /<version>/<number>/messages with `messaging_product` added."""
@@ -105,50 +119,43 @@ class GraphClient:
         ):
             raise ChannelError(f"media host {parts.hostname!r} is not allowed", code="host")
         try:
-            async with self._http.stream("GET", url) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    self._raise(resp)
+            # no redirects: the token must not follow one to a host nobody allowed
+            async with self._session().get(url, allow_redirects=False) as resp:
+                if resp.status >= 400:
+                    raise graph_error(resp.status, _json_or_none(await resp.read()))
                 declared = resp.headers.get("Content-Length", "")
                 if declared.isdigit() and int(declared) > cap:
                     raise MediaTooLarge(f"media of {declared} bytes", code="too_large")
                 data = bytearray()
-                async for piece in resp.aiter_bytes():
+                async for piece in resp.content.iter_any():
                     data.extend(piece)
                     if len(data) > cap:
                         raise MediaTooLarge(f"media over {cap} bytes", code="too_large")
                 return bytes(data)
-        except httpx.HTTPError as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ChannelError(
                 f"media download failed: {type(exc).__name__}", retryable=True
             ) from None
 
     async def _call(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
-        if self._http.is_closed:
-            raise ChannelError("WhatsApp client is shut down", retryable=True)
         try:
-            resp = await self._http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
+            async with self._session().request(method, self._base + path, **kw) as resp:
+                status, body = resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise ChannelError(
                 f"Graph API unreachable: {type(exc).__name__}", retryable=True
             ) from None
-        if resp.status_code >= 400:
-            self._raise(resp)
-        try:
-            data = resp.json()
-        except ValueError:
-            data = None
+        data = _json_or_none(body)
+        if status >= 400:
+            raise graph_error(status, data)
         if not isinstance(data, dict):
             raise ChannelError("Graph API answered with no JSON object", code="bad_response")
         return data
 
-    def _raise(self, resp: httpx.Response) -> None:
-        raise graph_error(resp.status_code, _json_or_none(resp))
 
-
-def _json_or_none(resp: httpx.Response) -> Any:
+def _json_or_none(body: bytes) -> Any:
     try:
-        return resp.json()
+        return json.loads(body)
     except ValueError:
         return None
 

@@ -23,26 +23,28 @@ from typing import Any
 from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
 from channels.whatsapp.client import PAIR_LIMITED, RE_ENGAGEMENT, THROTTLED, GraphClient
-from channels.whatsapp.outbound import menu_from_json, menu_to_json, plan_reply, recipient
+from channels.whatsapp.menus import Menus
+from channels.whatsapp.outbound import plan_reply, recipient
 from channels.whatsapp.outbound import template as template_payload
 from channels.whatsapp.parse import CHANNEL
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import OutboundPart, SessionKey
 
-__all__ = ["NS_MENU", "NS_SEEN", "Sender"]
+__all__ = ["NS_SEEN", "Sender"]
 
 log = logging.getLogger(__name__)
 
 NS_PROGRESS = "whatsapp.sent"  # part id → wamids of the messages of that part already sent
-NS_MENU = "whatsapp.menu"  # session → the numbered text menu last sent
 NS_SEEN = "whatsapp.seen"  # session → when the customer last wrote something we did not store
 MAX_PAIR_BACKOFF_S = 900.0
 
 
 class Sender:
-    def __init__(self, settings: WhatsAppSettings, ctx: ChannelContext, graph: GraphClient) -> None:
-        self._s, self._ctx, self._graph = settings, ctx, graph
+    def __init__(
+        self, settings: WhatsAppSettings, ctx: ChannelContext, graph: GraphClient, menus: Menus
+    ) -> None:
+        self._s, self._ctx, self._graph, self._menus = settings, ctx, graph, menus
         self._limiter = KeyedLimiter(settings.max_per_second, 1.0)
         self._hold_until: dict[str, float] = {}  # number, or number/customer → monotonic time
         self._pair_strikes: dict[str, int] = {}
@@ -92,7 +94,8 @@ class Sender:
                 ", ".join(plan.skipped),
                 extra={"session": str(key), "channel": CHANNEL},
             )
-        await self._remember_menu(key, plan.menu)
+        # any reply ends the menu before it, so a later "2" is not taken for a stale choice
+        await self._menus.show(str(key), plan.menu or [])
         several = len(plan.payloads) > 1
         done = await self._progress(part) if several else []
         for n, payload in enumerate(plan.payloads):
@@ -112,15 +115,6 @@ class Sender:
         except ValueError:
             return []
         return [str(d) for d in done] if isinstance(done, list) else []
-
-    async def _remember_menu(self, key: SessionKey, menu: list[tuple[str, str]] | None) -> None:
-        """Keep the text menu this part shows; any other reply ends the previous menu, so a
-        later "2" is not taken for a stale choice."""
-        store, skey = self._ctx.store, str(key)
-        if menu:
-            await store.kv_set(NS_MENU, skey, menu_to_json(menu))
-        elif menu_from_json(await store.kv_get(NS_MENU, skey)):
-            await store.kv_set(NS_MENU, skey, "")
 
     async def _closed(self, key: SessionKey, part: OutboundPart, why: str) -> str:
         s = self._s

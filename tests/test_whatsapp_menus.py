@@ -1,0 +1,79 @@
+"""Open text menus: kept in the store for restarts and replicas, and known in memory when this
+process is the store's only writer, so sessions without one cost no store read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from channels.whatsapp.menus import NS_MENU, Menus
+from core.policies import NotifyingStore
+from core.store import Store
+
+S1, S2 = "support:whatsapp:100:111", "support:whatsapp:100:222"
+MENU = [("Billing", "billing"), ("Orders", "orders"), ("Returns", "returns"), ("Other", "other")]
+
+
+class CountingReads:
+    """The store, with its kv reads counted."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def kv_get(self, namespace: str, key: str) -> str | None:
+        self.reads += 1
+        return await self.store.kv_get(namespace, key)
+
+
+async def test_a_menu_is_seen_until_another_reply_ends_it(store: Store) -> None:
+    menus = Menus(store)
+    await menus.start()
+    assert await menus.get(S1) == []
+    await menus.show(S1, MENU)
+    assert await menus.get(S1) == MENU
+    assert await menus.get(S2) == []
+    await menus.show(S1, [])
+    assert await menus.get(S1) == []
+    assert await store.kv_get(NS_MENU, S1) == ""
+
+
+async def test_open_menus_survive_a_restart(store: Store) -> None:
+    await Menus(store).show(S1, MENU)
+    await Menus(store).show(S2, MENU)
+    await Menus(store).show(S2, [])
+    again = Menus(store)
+    await again.start()
+    assert await again.get(S1) == MENU
+    assert await again.get(S2) == []
+
+
+async def test_only_sessions_with_a_menu_cost_a_read_on_a_single_writer_store(
+    store: Store,
+) -> None:
+    counted = CountingReads(store)
+    menus = Menus(counted)
+    await menus.start()
+    await menus.show(S1, MENU)
+    counted.reads = 0
+    for _ in range(5):
+        assert await menus.get(S2) == []
+        await menus.show(S2, [])  # a reply without a menu in a session that never had one
+    assert await menus.get(S1) == MENU
+    shared = isinstance(store, NotifyingStore)
+    # replicas may have written a menu this process never saw: there, every call asks
+    assert counted.reads == (11 if shared else 1)
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_replica_sees_a_menu_another_replica_sent(store: Store) -> None:
+    here, there = Menus(store), Menus(store)
+    await here.start()
+    await there.start()
+    assert await here.get(S1) == []
+    await there.show(S1, MENU)
+    assert await here.get(S1) == MENU
