@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -120,7 +121,7 @@ class SessionKey:
 
     @classmethod
     def parse(cls, text: str) -> SessionKey:
-        parts = [unquote(p) for p in text.split(":")]
+        parts = [unquote(p) if "%" in p else p for p in text.split(":")]
         if len(parts) not in (4, 5):
             raise ValueError(f"not a session key: {text!r}")
         return cls(*parts)
@@ -129,4 +130,7 @@ class SessionKey:
         parts = [self.agent, self.channel, self.account, self.conversation]
         if self.thread is not None:
             parts.append(self.thread)
-        return ":".join(quote(p, safe="") for p in parts)
+        return ":".join(p if _UNRESERVED(p) else quote(p, safe="") for p in parts)
+
+
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch  # what quote(safe="") leaves as is

@@ -107,7 +107,7 @@ async def store(open_store: Opener) -> Store:
 async def query(store: Store, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
     """Read the rows with an independent connection (what another process would see)."""
     if isinstance(store, SqliteStore):
-        with contextlib.closing(sqlite3.connect(store._path)) as conn:
+        with contextlib.closing(sqlite3.connect(store._path)) as conn, conn:
             return [tuple(r) for r in conn.execute(sql, args).fetchall()]
     assert isinstance(store, PostgresStore)
     import asyncpg
@@ -154,6 +154,16 @@ async def test_same_platform_id_on_other_account_or_channel_is_a_different_messa
     assert other_channel.status is InboxStatus.PENDING
     assert len({base.id, other_account.id, other_channel.id}) == 3
     assert len(await store.pending(S1)) == 3
+
+
+async def test_the_pending_cap_holds_when_many_arrive_at_once(store: Store) -> None:
+    results = await asyncio.gather(
+        *(store.put_inbound(S1, msg(text=f"m{i}"), 5) for i in range(30))
+    )
+    statuses = [r.status for r in results]
+    assert statuses.count(InboxStatus.PENDING) == 5
+    assert statuses.count(InboxStatus.OVERFLOW) == 25
+    assert len(await store.pending(S1)) == 5
 
 
 async def test_max_pending_overflow_is_kept_but_not_pending(store: Store) -> None:
@@ -565,8 +575,7 @@ async def test_migrations_are_idempotent(open_store: Opener) -> None:
     second = await open_store()  # applies nothing twice, loses nothing
     assert [i.message.text for i in await second.pending(S1)] == ["kept"]
     assert await query(second, "SELECT version FROM schema_version ORDER BY version") == [
-        (1,),
-        (2,),
+        (version,) for version, _ in migrations_of(second)
     ]
 
 
@@ -579,15 +588,31 @@ async def test_an_old_schema_is_migrated_forward_keeping_its_data(
     monkeypatch.setattr(sqlite_module, "MIGRATIONS", sqlite_module.MIGRATIONS[:1])
     monkeypatch.setattr(pg_module, "MIGRATIONS", pg_module.MIGRATIONS[:1])
     old = await open_store()
-    await old.put_inbound(S1, msg(text="from v1"), 10)
+    kept = msg(text="from v1")  # written as the code of v1 wrote it
+    await query(
+        old,
+        "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
+        " received_at) VALUES (?, ?, ?, ?, ?, 'pending', ?)",
+        (S1, kept.channel, kept.account, kept.platform_id, kept.model_dump_json(), 1.0),
+    )
     await old.aclose()
     monkeypatch.undo()
     new = await open_store()
     assert [i.message.text for i in await new.pending(S1)] == ["from v1"]
     assert await new.reserve_usage("2026-01-01", 1.0, [Quota("user", "u", 5.0)]) is None  # v2
     assert await new.usage("2026-01-01", "user", "u") == 1.0
+    await new.put_inbound(S1, msg(text="after"), 10)  # v3 (PostgreSQL): one round trip
+    assert [i.message.text for i in await new.pending(S1)] == ["from v1", "after"]
     versions = await query(new, "SELECT version FROM schema_version ORDER BY version")
-    assert versions == [(1,), (2,)]
+    assert versions == [(version,) for version, _ in migrations_of(new)]
+
+
+def migrations_of(store: Store) -> list[tuple[int, str]]:
+    import core.store.postgres_schema as pg_schema_module
+    import core.store.sqlite_schema as sqlite_schema_module
+
+    module = sqlite_schema_module if isinstance(store, SqliteStore) else pg_schema_module
+    return module.MIGRATIONS
 
 
 async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-
 from core.errors import StoreError
 from core.models import InboundMessage, Reply, SessionKey
 from core.store.base import RunRecord, Store

@@ -155,51 +155,23 @@ class PostgresStore:
     async def put_inbound(
         self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
     ) -> PutResult:
-        async with self._conn(tx=True) as c:
-            # the upsert locks the session row: the pending count and the insert are one step
-            await c.execute(
-                "INSERT INTO sessions (key, last_activity) VALUES ($1, $2)"
-                " ON CONFLICT (key) DO UPDATE SET last_activity = excluded.last_activity",
-                session,
-                time.time(),
-            )
-            existing = await c.fetchval(
-                "SELECT id FROM inbox WHERE channel = $1 AND account = $2 AND platform_id = $3",
-                msg.channel,
-                msg.account,
-                msg.platform_id,
-            )
-            if existing is not None:
-                return PutResult(existing, InboxStatus.DUPLICATE)
-            queued = await c.fetchval(
-                "SELECT count(*) FROM inbox WHERE session = $1 AND status = 'pending'", session
-            )
-            status = InboxStatus.PENDING if queued < max_pending else InboxStatus.OVERFLOW
-            if unpaired:
-                status = InboxStatus.UNPAIRED
-            new_id = await c.fetchval(
-                "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
-                " received_at) VALUES ($1, $2, $3, $4, $5, $6, $7)"
-                " ON CONFLICT (channel, account, platform_id) DO NOTHING RETURNING id",
+        async with self._conn() as c:
+            row = await c.fetchrow(
+                "SELECT out_id, out_status FROM sb_put_inbound($1, $2, $3, $4, $5, $6, $7, $8,"
+                " $9, $10, $11)",
                 session,
                 msg.channel,
                 msg.account,
                 msg.platform_id,
                 msg.model_dump_json(),
-                str(status),
+                unpaired,
+                max_pending,
                 msg.received_at,
+                time.time(),
+                NOTIFY_CHANNEL,
+                f"{self._id} {session}",
             )
-            if new_id is None:  # another replica stored the same delivery a moment ago
-                other = await c.fetchval(
-                    "SELECT id FROM inbox WHERE channel = $1 AND account = $2 AND platform_id = $3",
-                    msg.channel,
-                    msg.account,
-                    msg.platform_id,
-                )
-                return PutResult(other, InboxStatus.DUPLICATE)
-            if status is InboxStatus.PENDING:
-                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{self._id} {session}")
-            return PutResult(new_id, status)
+        return PutResult(row[0], InboxStatus(row[1]))
 
     async def pending(self, session: str) -> list[InboxItem]:
         async with self._conn() as c:

@@ -92,4 +92,49 @@ CREATE TABLE IF NOT EXISTS usage (
 );
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2)]
+# v3: storing an inbound message in one round trip (it was seven: begin, four statements, the
+# notify, commit). Each statement inside sees what committed before it, and the upsert locks
+# the session row first, so the pending count and the insert stay one step per session.
+V3 = """
+CREATE OR REPLACE FUNCTION sb_put_inbound(
+    p_session TEXT, p_channel TEXT, p_account TEXT, p_platform_id TEXT, p_payload TEXT,
+    p_unpaired BOOLEAN, p_max_pending BIGINT, p_received_at DOUBLE PRECISION,
+    p_now DOUBLE PRECISION, p_notify_channel TEXT, p_notify_payload TEXT,
+    OUT out_id BIGINT, OUT out_status TEXT
+) LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sessions (key, last_activity) VALUES (p_session, p_now)
+        ON CONFLICT (key) DO UPDATE SET last_activity = excluded.last_activity;
+    SELECT i.id INTO out_id FROM inbox i
+        WHERE i.channel = p_channel AND i.account = p_account AND i.platform_id = p_platform_id;
+    IF out_id IS NOT NULL THEN
+        out_status := 'duplicate';
+        RETURN;
+    END IF;
+    IF p_unpaired THEN
+        out_status := 'unpaired';
+    ELSIF (SELECT count(*) FROM inbox i WHERE i.session = p_session AND i.status = 'pending')
+            < p_max_pending THEN
+        out_status := 'pending';
+    ELSE
+        out_status := 'overflow';
+    END IF;
+    INSERT INTO inbox (session, channel, account, platform_id, payload, status, received_at)
+        VALUES (p_session, p_channel, p_account, p_platform_id, p_payload, out_status,
+                p_received_at)
+        ON CONFLICT (channel, account, platform_id) DO NOTHING
+        RETURNING id INTO out_id;
+    IF out_id IS NULL THEN  -- another replica stored the same delivery a moment ago
+        SELECT i.id INTO out_id FROM inbox i WHERE i.channel = p_channel
+            AND i.account = p_account AND i.platform_id = p_platform_id;
+        out_status := 'duplicate';
+        RETURN;
+    END IF;
+    IF out_status = 'pending' THEN
+        PERFORM pg_notify(p_notify_channel, p_notify_payload);
+    END IF;
+END
+$$;
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3)]
