@@ -1,13 +1,21 @@
-"""Open text menus: kept in the store for restarts and replicas, and known in memory when this
-process is the store's only writer, so sessions without one cost no store read."""
+"""Open text menus, kept in the store for restarts and replicas and known in memory when this
+process is the store's only writer; and the service window, open without a store read while
+this process has just heard from the customer."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from channels.base import ChannelContext
+from channels.whatsapp.client import GraphClient
 from channels.whatsapp.menus import NS_MENU, Menus
+from channels.whatsapp.sender import Sender
+from channels.whatsapp.settings import WhatsAppSettings
+from core.models import SessionKey
 from core.policies import NotifyingStore
 from core.store import Store
 
@@ -77,3 +85,29 @@ async def test_a_replica_sees_a_menu_another_replica_sent(store: Store) -> None:
     assert await here.get(S1) == []
     await there.show(S1, MENU)
     assert await here.get(S1) == MENU
+
+
+class CountingWindowReads(CountingReads):
+    async def last_inbound_at(self, session: str) -> float | None:
+        self.reads += 1
+        return await self.store.last_inbound_at(session)
+
+
+async def test_a_message_heard_here_opens_the_window_without_a_store_read(
+    store: Store, tmp_path: Path
+) -> None:
+    counted = CountingWindowReads(store)
+    ctx = ChannelContext(store=counted, files_dir=tmp_path)
+    graph = GraphClient("http://127.0.0.1:9", "v21.0", "token", 1.0)
+    sender = Sender(WhatsAppSettings(), ctx, graph, Menus(store))
+    key = SessionKey.parse(S1)
+    sender.heard(S1, time.time() - 3600)
+    assert await sender.window_open(key)
+    assert counted.reads == 0
+    sender.heard(S1, time.time() - 25 * 3600)  # older news changes nothing
+    assert await sender.window_open(key)
+    stale = SessionKey.parse(S2)
+    sender.heard(S2, time.time() - 25 * 3600)  # too old to tell: the store decides
+    assert not await sender.window_open(stale)
+    assert counted.reads == 2  # its last stored message, then the "seen" mark
+    await graph.aclose()

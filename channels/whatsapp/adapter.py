@@ -38,6 +38,7 @@ from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
+from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "WhatsAppAdapter"]
 
@@ -134,8 +135,11 @@ class WhatsAppAdapter:
             if isinstance(e, Incoming) and _rid(e.message) not in self._recent
         ]
         for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
-            await self._ctx.submit(await self._menu_choice(msg))
+            session = str(self._key(msg))
+            stored = await self._ctx.submit(await self._menu_choice(msg, session))
             self._remember(_rid(msg))
+            if stored.status is not InboxStatus.REFUSED:
+                self._sender.heard(session, msg.received_at)
         for event in events:
             if isinstance(event, Unsupported):
                 await self._unsupported(event)
@@ -148,11 +152,11 @@ class WhatsAppAdapter:
         if len(self._recent) > RECENT_MAX:
             self._recent.popitem(last=False)
 
-    async def _menu_choice(self, msg: InboundMessage) -> InboundMessage:
+    async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:
         """A typed number or title answering the text menu we last sent becomes that button."""
         if msg.kind is not MessageKind.MESSAGE or msg.attachments or len(msg.text) > MENU_TEXT_MAX:
             return msg
-        menu = await self._menus.get(str(self._key(msg)))
+        menu = await self._menus.get(session)
         chosen = match_menu(msg.text, menu) if menu else None
         if chosen is None:
             return msg

@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from channels.base import ChannelContext
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 NS_PROGRESS = "whatsapp.sent"  # part id → wamids of the messages of that part already sent
 NS_SEEN = "whatsapp.seen"  # session → when the customer last wrote something we did not store
 MAX_PAIR_BACKOFF_S = 900.0
+HEARD_MAX = 4096  # sessions whose last inbound time is remembered here
 
 
 class Sender:
@@ -48,6 +50,15 @@ class Sender:
         self._limiter = KeyedLimiter(settings.max_per_second, 1.0)
         self._hold_until: dict[str, float] = {}  # number, or number/customer → monotonic time
         self._pair_strikes: dict[str, int] = {}
+        # session → when the customer last wrote (received here): spares the store a read
+        # per reply while the window is surely open; anything older or unknown asks the store
+        self._heard: OrderedDict[str, float] = OrderedDict()
+
+    def heard(self, session: str, at: float) -> None:
+        """The customer wrote at `at` (a message this process stored)."""
+        self._heard[session] = max(at, self._heard.pop(session, at))
+        if len(self._heard) > HEARD_MAX:
+            self._heard.popitem(last=False)
 
     async def call(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
         """Any messages-endpoint call (e.g. mark as read), under the number's rate limit."""
@@ -73,6 +84,9 @@ class Sender:
 
     async def window_open(self, key: SessionKey) -> bool:
         window = self._s.service_window_hours * 3600
+        heard = self._heard.get(str(key))
+        if heard is not None and time.time() - heard < window:
+            return True
         last = await self._ctx.store.last_inbound_at(str(key))
         if last is not None and time.time() - last < window:
             return True
