@@ -22,6 +22,7 @@ RUN groupadd --system --gid 10001 switchboard \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY core ./core
+COPY providers ./providers
 COPY channels ./channels
 COPY gateway ./gateway
 RUN pip install --no-cache-dir ".[postgres]" && rm -rf /src

@@ -16,10 +16,10 @@ from channels.telegram.client import TelegramClient
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.settings import WhatsAppSettings
-from core.agent.anthropic import ANTHROPIC_VERSION, DEFAULT_BASE_URL
 from core.errors import SwitchboardError
 from gateway.agents_config import ModelEndpoint
 from gateway.settings import Settings
+from providers.anthropic import ANTHROPIC_VERSION, DEFAULT_BASE_URL
 
 __all__ = ["Probe", "probe_all", "webhook_urls"]
 

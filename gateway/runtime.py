@@ -12,12 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from channels.base import ChannelAdapter
-from core.agent.anthropic import DEFAULT_BASE_URL, AnthropicClient
 from core.agent.fallback import FallbackModel
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
 from core.agent.offline import OfflineModel
-from core.agent.openai import OpenAIClient, RetryPolicy
 from core.agent.scripted import ScriptedModel
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
@@ -29,6 +27,8 @@ from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
 from gateway.settings import PLATFORM_CHANNELS, Settings
 from gateway.tools import agent_tools
+from providers.anthropic import DEFAULT_BASE_URL, AnthropicClient
+from providers.openai import OpenAIClient, RetryPolicy
 
 __all__ = ["Runtime", "build_model", "build_store"]
 

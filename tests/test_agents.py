@@ -139,9 +139,9 @@ async def test_bindings_route_conversations_to_agents_with_their_own_tools(
 
 
 def test_models_are_built_with_their_fallback(tmp_path: Path) -> None:
-    from core.agent.anthropic import AnthropicClient
     from core.agent.fallback import FallbackModel
     from gateway.runtime import build_model
+    from providers.anthropic import AnthropicClient
 
     s = load_settings(
         _write(

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
-from core.agent.anthropic import NO_RESULT, OMITTED, AnthropicClient, to_anthropic_messages
 from core.agent.model import ChatMessage, ModelRequest, ToolCall, ToolSpec
-from core.agent.openai import RetryPolicy
 from core.errors import ModelError
+from providers.anthropic import NO_RESULT, OMITTED, AnthropicClient, to_anthropic_messages
+from providers.openai import RetryPolicy
 from tests.fake_anthropic import (
     Cut,
     Error,
@@ -474,36 +475,74 @@ async def test_slow_response_times_out(
     assert len(fake.requests) == 3
 
 
-# -- the stream parser and status handling with a hand-made transport ---------------------
+# -- the stream parser and status handling against hand-made answers ----------------------
 
 
-def _mock_client(
-    handler: Callable[[httpx.Request], httpx.Response],
-    *,
+class Canned:
+    """An HTTP server on 127.0.0.1 that answers each request with the next canned response
+    and records the paths it was asked for."""
+
+    def __init__(self) -> None:
+        self.answers: deque[web.Response] = deque()
+        self.paths: list[str] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.paths.append(request.path)
+        await request.read()
+        return self.answers.popleft()
+
+
+@pytest_asyncio.fixture
+async def canned() -> AsyncIterator[Canned]:
+    server = Canned()
+    await server.start()
+    yield server
+    await server.aclose()
+
+
+def _canned_client(
+    canned: Canned,
+    *answers: web.Response,
     retry: RetryPolicy | None = None,
     stream: bool = True,
 ) -> AnthropicClient:
+    canned.answers.extend(answers)
     return AnthropicClient(
         model="m",
         stream=stream,
         api_key="k",
-        base_url="http://model.invalid",
+        base_url=canned.url,
         retry=retry or RetryPolicy(attempts=0),
-        transport=httpx.MockTransport(handler),
     )
 
 
-def _sse(*events: dict[str, Any]) -> httpx.Response:
+def _sse(*events: dict[str, Any]) -> web.Response:
     body = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
-    return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    return web.Response(body=body, content_type="text/event-stream")
 
 
 START = {"type": "message_start", "message": {"usage": {"input_tokens": 7, "output_tokens": 1}}}
 STOP = {"type": "message_stop"}
 
 
-async def test_stream_that_is_not_an_event_stream_fails() -> None:
-    client = _mock_client(lambda req: httpx.Response(200, json={"content": []}))
+async def test_stream_that_is_not_an_event_stream_fails(canned: Canned) -> None:
+    client = _canned_client(canned, web.json_response({"content": []}))
     try:
         with pytest.raises(ModelError, match="event stream"):
             await client.complete(_request())
@@ -511,10 +550,10 @@ async def test_stream_that_is_not_an_event_stream_fails() -> None:
         await client.aclose()
 
 
-async def test_stream_without_stop_ended_early() -> None:
+async def test_stream_without_stop_ended_early(canned: Canned) -> None:
     delta = {"type": "text_delta", "text": "hi"}
-    client = _mock_client(
-        lambda req: _sse(START, {"type": "content_block_delta", "index": 0, "delta": delta})
+    client = _canned_client(
+        canned, _sse(START, {"type": "content_block_delta", "index": 0, "delta": delta})
     )
     try:
         with pytest.raises(ModelError, match="ended early"):
@@ -523,10 +562,11 @@ async def test_stream_without_stop_ended_early() -> None:
         await client.aclose()
 
 
-async def test_stream_ignores_unknown_events_and_keeps_empty_tool_input() -> None:
+async def test_stream_ignores_unknown_events_and_keeps_empty_tool_input(canned: Canned) -> None:
     block = {"type": "tool_use", "id": "toolu_a", "name": "now", "input": {}}
-    client = _mock_client(
-        lambda req: _sse(
+    client = _canned_client(
+        canned,
+        _sse(
             START,
             {"type": "ping"},
             {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking"}},
@@ -536,7 +576,7 @@ async def test_stream_ignores_unknown_events_and_keeps_empty_tool_input() -> Non
             {"type": "content_block_stop", "index": 1},
             {"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {}},
             STOP,
-        )
+        ),
     )
     try:
         response = await client.complete(_request())
@@ -547,19 +587,15 @@ async def test_stream_ignores_unknown_events_and_keeps_empty_tool_input() -> Non
     assert (response.input_tokens, response.output_tokens) == (7, 1)
 
 
-async def test_retry_after_ms_and_x_should_retry() -> None:
-    answers = [
-        httpx.Response(500, json={}, headers={"x-should-retry": "false"}),
-        httpx.Response(429, json={}, headers={"retry-after-ms": "250"}),
-        httpx.Response(200, json={"content": [], "usage": {}, "stop_reason": "end_turn"}),
-    ]
-    seen: list[httpx.Request] = []
-
-    def handler(req: httpx.Request) -> httpx.Response:
-        seen.append(req)
-        return answers[len(seen) - 1]
-
-    client = _mock_client(handler, retry=FAST_RETRY, stream=False)
+async def test_retry_after_ms_and_x_should_retry(canned: Canned) -> None:
+    client = _canned_client(
+        canned,
+        web.json_response({}, status=500, headers={"x-should-retry": "false"}),
+        web.json_response({}, status=429, headers={"retry-after-ms": "250"}),
+        web.json_response({"content": [], "usage": {}, "stop_reason": "end_turn"}),
+        retry=FAST_RETRY,
+        stream=False,
+    )
     try:
         with pytest.raises(ModelError) as info:  # the API said not to retry this 500
             await client.complete(_request())
@@ -571,18 +607,27 @@ async def test_retry_after_ms_and_x_should_retry() -> None:
         await client.aclose()
     assert response.text == ""
     assert response.input_tokens is None  # no usage reported: the loop estimates
-    assert [r.url.path for r in seen] == ["/v1/messages"] * 3
+    assert canned.paths == ["/v1/messages"] * 3
 
 
-async def test_malformed_message_body_is_a_model_error() -> None:
-    client = _mock_client(
-        lambda req: httpx.Response(200, json={"content": "not a list"}), stream=False
-    )
+async def test_malformed_message_body_is_a_model_error(canned: Canned) -> None:
+    client = _canned_client(canned, web.json_response({"content": "not a list"}), stream=False)
     try:
         with pytest.raises(ModelError, match="malformed"):
             await client.complete(_request())
     finally:
         await client.aclose()
+
+
+async def test_stream_stalling_after_text_times_out_without_retry(
+    fake: FakeAnthropic, make_client: ClientFactory
+) -> None:
+    fake.script(Text("first second", chunk_delay_s=0.4), Text("not reached"))
+    deltas = Deltas()
+    with pytest.raises(ModelError, match="stream timed out"):
+        await make_client(stream=True, timeout_s=0.1).complete(_request(), deltas)
+    assert deltas.seen == ["first "]
+    assert len(fake.requests) == 1
 
 
 def test_tool_results_open_their_user_turn() -> None:

@@ -10,14 +10,14 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from core.agent.anthropic import AnthropicClient
 from core.agent.fallback import FallbackModel
 from core.agent.loop import AgentEvent, AgentLoop, Limits, Turn
 from core.agent.model import ChatMessage, ModelRequest, ModelResponse, ToolSpec
-from core.agent.openai import OpenAIClient, RetryPolicy
 from core.agent.scripted import ScriptedModel, ScriptStep, load_script
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ConfigError, ModelError
+from providers.anthropic import AnthropicClient
+from providers.openai import OpenAIClient, RetryPolicy
 from tests.fake_anthropic import Error, FakeAnthropic
 from tests.fake_openai import FakeOpenAI, Text
 

@@ -17,14 +17,14 @@ import pytest
 import pytest_asyncio
 from pydantic import BaseModel
 
-from core.agent.anthropic import AnthropicClient
 from core.agent.loop import AgentEvent, AgentLoop, Limits, TextDelta, ToolStep, Turn
 from core.agent.model import ChatMessage, ModelClient, ModelRequest, ModelResponse, ToolSpec
 from core.agent.offline import OfflineModel
-from core.agent.openai import OpenAIClient, RetryPolicy
 from core.agent.scripted import ScriptedModel
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError
+from providers.anthropic import AnthropicClient
+from providers.openai import OpenAIClient, RetryPolicy
 from tests import fake_anthropic, fake_openai
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+import socket
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
 from core.agent.model import ChatMessage, ModelRequest, ToolCall, ToolSpec
-from core.agent.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
 from core.errors import ModelError
+from providers.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
+from providers.sse import ServerSentEvent, SSEDecoder, SSEError
 from tests.fake_openai import Cut, Error, FakeOpenAI, Garbage, Text, ToolCalls
 
 FAST_RETRY = RetryPolicy(attempts=2, base_delay_s=0.01)
@@ -402,38 +407,80 @@ async def test_stream_stalling_after_text_times_out_without_retry(
     assert len(fake_openai.requests) == 1
 
 
-# -- the stream parser with a hand-made transport -----------------------------------------
+# -- the stream parser against hand-made answers -----------------------------------------
 
 
-def _mock_client(handler: Callable[[httpx.Request], httpx.Response]) -> OpenAIClient:
+class Canned:
+    """An HTTP server on 127.0.0.1 that answers each request with the next canned response
+    and records the paths it was asked for (with their headers, keys lowercased)."""
+
+    def __init__(self) -> None:
+        self.answers: deque[web.Response] = deque()
+        self.paths: list[str] = []
+        self.headers: list[dict[str, str]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def aclose(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.paths.append(request.path)
+        self.headers.append({k.lower(): v for k, v in request.headers.items()})
+        await request.read()
+        return self.answers.popleft()
+
+
+@pytest_asyncio.fixture
+async def canned() -> AsyncIterator[Canned]:
+    server = Canned()
+    await server.start()
+    yield server
+    await server.aclose()
+
+
+def _canned_client(
+    canned: Canned, *answers: web.Response, retry: RetryPolicy | None = None
+) -> OpenAIClient:
+    canned.answers.extend(answers)
     return OpenAIClient(
-        base_url="http://model.invalid/v1",
+        base_url=canned.url + "/v1",
         model="m",
         stream=True,
-        retry=RetryPolicy(attempts=0),
-        transport=httpx.MockTransport(handler),
+        retry=retry or RetryPolicy(attempts=0),
     )
 
 
-def _sse(*chunks: dict[str, Any], done: bool = True) -> bytes:
+def _sse(*chunks: dict[str, Any], done: bool = True) -> web.Response:
     out = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks)
-    return out + (b"data: [DONE]\n\n" if done else b"")
+    body = out + (b"data: [DONE]\n\n" if done else b"")
+    return web.Response(body=body, content_type="text/event-stream")
 
 
-async def test_stream_that_is_not_an_event_stream_fails() -> None:
-    client = _mock_client(lambda req: httpx.Response(200, json={"choices": []}))
+async def test_stream_that_is_not_an_event_stream_fails(canned: Canned) -> None:
+    client = _canned_client(canned, web.json_response({"choices": []}))
     try:
         with pytest.raises(ModelError, match="event stream"):
             await client.complete(_request())
     finally:
         await client.aclose()
+    assert canned.paths == ["/v1/chat/completions"]
 
 
-async def test_stream_without_finish_or_usage_ended_early() -> None:
-    body = _sse({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]})
-    client = _mock_client(
-        lambda req: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-    )
+async def test_stream_without_finish_or_usage_ended_early(canned: Canned) -> None:
+    chunk = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]}
+    client = _canned_client(canned, _sse(chunk))
     try:
         with pytest.raises(ModelError, match="ended early"):
             await client.complete(_request())
@@ -441,33 +488,21 @@ async def test_stream_without_finish_or_usage_ended_early() -> None:
         await client.aclose()
 
 
-async def test_stream_error_chunk_is_not_retryable() -> None:
-    body = _sse({"error": {"message": "context length exceeded"}})
-    seen: list[httpx.Request] = []
-
-    def handler(req: httpx.Request) -> httpx.Response:
-        seen.append(req)
-        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-
-    client = OpenAIClient(
-        base_url="http://model.invalid/v1",
-        model="m",
-        stream=True,
-        retry=FAST_RETRY,
-        transport=httpx.MockTransport(handler),
-    )
+async def test_stream_error_chunk_is_not_retryable(canned: Canned) -> None:
+    answer = _sse({"error": {"message": "context length exceeded"}})
+    client = _canned_client(canned, answer, retry=FAST_RETRY)
     try:
         with pytest.raises(ModelError, match="context length exceeded") as info:
             await client.complete(_request())
     finally:
         await client.aclose()
     assert info.value.retryable is False
-    assert len(seen) == 1
+    assert len(canned.paths) == 1
 
 
-async def test_stream_with_index_reusing_provider() -> None:
+async def test_stream_with_index_reusing_provider(canned: Canned) -> None:
     """A provider that sends every complete call at index 0, each with its own id."""
-    body = _sse(
+    answer = _sse(
         {
             "choices": [
                 {
@@ -498,15 +533,159 @@ async def test_stream_with_index_reusing_provider() -> None:
             ]
         },
     )
-    client = _mock_client(
-        lambda req: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-    )
+    client = _canned_client(canned, answer)
     try:
         response = await client.complete(_request())
     finally:
         await client.aclose()
     assert response.tool_calls == (ToolCall("a", "x", "{}"), ToolCall("b", "y", '{"q": 1}'))
     assert response.input_tokens is None  # no usage chunk
+
+
+async def test_stream_in_crlf_with_comments_and_multiline_data(canned: Canned) -> None:
+    """What a proxy may do to the stream: CRLF line ends, keep-alive comments, a chunk's JSON
+    split over two data lines."""
+    body = (
+        b": keep-alive\r\n\r\n"
+        b'data: {"choices": [{"index": 0,\r\n'
+        b'data: "delta": {"content": "Hi"}, "finish_reason": "stop"}]}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
+    answer = web.Response(body=body, content_type="text/event-stream")
+    client = _canned_client(canned, answer)
+    deltas = Deltas()
+    try:
+        response = await client.complete(_request(), deltas)
+    finally:
+        await client.aclose()
+    assert (response.text, response.finish_reason) == ("Hi", "stop")
+    assert deltas.seen == ["Hi"]
+
+
+async def test_long_stream_outlives_the_timeout_while_each_piece_is_in_time(
+    fake_openai: FakeOpenAI, make_client: ClientFactory
+) -> None:
+    """timeout_s bounds each wait for the server, not the whole answer."""
+    answer = "one two three four five six"
+    fake_openai.script(Text(answer, chunk_delay_s=0.1))
+    started = time.monotonic()
+    response = await make_client(stream=True, timeout_s=0.3).complete(_request())
+    assert time.monotonic() - started > 0.5
+    assert response.text == answer
+    assert len(fake_openai.requests) == 1
+
+
+async def test_refused_connection_is_a_retryable_model_error(stream: bool) -> None:
+    with socket.socket() as sock:  # a port on which nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = OpenAIClient(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model="m",
+        stream=stream,
+        retry=RetryPolicy(attempts=0),
+    )
+    try:
+        with pytest.raises(ModelError, match=r"failed: Client\w*Error") as info:
+            await client.complete(_request())
+    finally:
+        await client.aclose()
+    assert info.value.retryable is True
+    assert info.value.status is None
+
+
+@pytest.mark.parametrize("credentials", ["", "me:s%40cret@"])
+async def test_proxy_named_by_the_environment_is_used(
+    canned: Canned, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, credentials: str
+) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", canned.url.replace("://", f"://{credentials}"))
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    canned.answers.append(web.json_response({"choices": [{"message": {"content": "ok"}}]}))
+    fake_openai.script(Text("direct"))
+    proxied = OpenAIClient(base_url="http://model.invalid/v1", model="m", stream=False)
+    spared = OpenAIClient(base_url=fake_openai.url, model="m", stream=False)
+    try:
+        assert (await proxied.complete(_request())).text == "ok"  # the proxy answered
+        assert (await spared.complete(_request())).text == "direct"
+    finally:
+        await proxied.aclose()
+        await spared.aclose()
+    assert canned.paths == ["/v1/chat/completions"]
+    assert len(fake_openai.requests) == 1
+    assert "proxy-authorization" not in fake_openai.headers[0]
+    (headers,) = canned.headers
+    assert headers["host"] == "model.invalid"
+    if credentials:
+        assert headers["proxy-authorization"] == "Basic " + base64.b64encode(b"me:s@cret").decode()
+    else:
+        assert "proxy-authorization" not in headers
+
+
+# -- the client's lifecycle ---------------------------------------------------------------
+
+
+def test_client_is_built_outside_a_running_loop() -> None:
+    client = OpenAIClient(base_url="http://127.0.0.1:9/v1", model="m")
+    asyncio.run(client.aclose())  # nothing was opened: nothing to close
+
+
+async def test_aclose_is_safe_twice_and_ends_use(
+    fake_openai: FakeOpenAI, make_client: ClientFactory
+) -> None:
+    fake_openai.script(Text("ok"))
+    client = make_client(stream=False)
+    assert (await client.complete(_request())).text == "ok"
+    await client.aclose()
+    await client.aclose()
+    with pytest.raises(RuntimeError):
+        await client.complete(_request())
+    assert len(fake_openai.requests) == 1
+
+
+# -- the server-sent events decoder ---------------------------------------------------------
+
+
+def _decode(stream: bytes, *, bytewise: bool) -> list[ServerSentEvent]:
+    decoder = SSEDecoder()
+    if not bytewise:
+        return decoder.feed(stream)
+    return [e for i in range(len(stream)) for e in decoder.feed(stream[i : i + 1])]
+
+
+@pytest.mark.parametrize("bytewise", [False, True], ids=["one-chunk", "byte-by-byte"])
+def test_sse_decoder_follows_the_spec(bytewise: bool) -> None:
+    stream = (
+        "\ufeffdata: first\n\n"  # a BOM opening the stream is dropped
+        "event: delta\r\ndata: a\r\ndata:  b\r\ndata\r\n\r\n"  # CRLF; only one space goes
+        ": a comment\nid: 7\nretry: 10\nfoo: bar\ndata:x\n\n"  # comment, unused fields
+        "event: lonely\n\n"  # no data: not dispatched, and its type is forgotten
+        "data: €uro\rdata: cr\r\r"  # CR alone ends lines too; UTF-8 split when bytewise
+        "data: unfinished\n"  # no blank line before the end: never dispatched
+    ).encode()
+    assert _decode(stream, bytewise=bytewise) == [
+        ServerSentEvent("message", "first"),
+        ServerSentEvent("delta", "a\n b\n"),
+        ServerSentEvent("message", "x"),
+        ServerSentEvent("message", "€uro\ncr"),
+    ]
+
+
+def test_sse_decoder_keeps_crlf_split_over_chunks_as_one_line_end() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: one\r") == []
+    assert decoder.feed(b"\n") == []  # the CRLF's second half: not a blank line
+    assert decoder.feed(b"\r") == [ServerSentEvent("message", "one")]
+    assert decoder.feed(b"\ndata: two\n\n") == [ServerSentEvent("message", "two")]
+
+
+def test_sse_decoder_refuses_an_endless_event() -> None:
+    decoder = SSEDecoder(max_event_bytes=64)
+    assert decoder.feed(b"data: " + b"x" * 40 + b"\n") == []
+    with pytest.raises(SSEError):
+        decoder.feed(b"data: " + b"y" * 40)  # still no line end, past the bound
 
 
 # -- RetryPolicy and _ToolCallAssembler ---------------------------------------------------

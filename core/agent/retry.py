@@ -1,23 +1,18 @@
-"""What the HTTP model clients share: one httpx client and the retry rule (backoff with
-jitter, Retry-After honoured, never once any text has reached the person: a second try would
-say it twice)."""
+"""The retry rule of model calls: backoff with jitter, Retry-After honoured, and never once any
+text has reached the person (a second try would say it twice)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
-
-from core.agent.model import DeltaSink, ModelRequest, ModelResponse
+from core.agent.model import DeltaSink, ModelResponse
 from core.errors import ModelError
 
-__all__ = ["HttpModelClient", "RetryPolicy", "with_retries"]
+__all__ = ["RetryPolicy", "with_retries"]
 
 log = logging.getLogger(__name__)
 
@@ -60,61 +55,3 @@ async def with_retries(
             log.info("model call failed (%s); retry %d in %.1fs", exc, tries + 1, delay)
             tries += 1
             await asyncio.sleep(delay)
-
-
-class HttpModelClient(ABC):
-    """What the HTTP model clients share: one httpx client, the retry rule, and a call that
-    streams or not. Subclasses build the body and read their provider's answers."""
-
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        headers: dict[str, str],
-        model: str,
-        timeout_s: float,
-        stream: bool,
-        retry: RetryPolicy | None,
-        transport: httpx.AsyncBaseTransport | None,
-    ) -> None:
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/") + "/",
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0)),
-            # as many calls at once as runs at once: the session manager caps those
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=100),
-            transport=transport,
-        )
-        self._model = model
-        self._stream = stream
-        self._retry = retry or RetryPolicy()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def complete(
-        self, request: ModelRequest, on_delta: DeltaSink | None = None
-    ) -> ModelResponse:
-        body = self._body(request)
-
-        async def once(sink: DeltaSink) -> ModelResponse:
-            if self._stream:
-                return await self._complete_stream(body, sink)
-            response = await self._complete_once(body)
-            if response.text:
-                await sink(response.text)
-            return response
-
-        return await with_retries(self._retry, once, on_delta)
-
-    @abstractmethod
-    def _body(self, request: ModelRequest) -> dict[str, Any]:
-        """The provider's request body."""
-
-    @abstractmethod
-    async def _complete_once(self, body: dict[str, Any]) -> ModelResponse:
-        """One non-streamed call, read into a ModelResponse (errors as ModelError)."""
-
-    @abstractmethod
-    async def _complete_stream(self, body: dict[str, Any], sink: DeltaSink) -> ModelResponse:
-        """One streamed call, pushing text to `sink` as it arrives."""

@@ -1,17 +1,16 @@
-"""OpenAI-compatible Chat Completions over httpx (OpenAI, vLLM, Ollama, llama.cpp, ...)."""
+"""OpenAI-compatible Chat Completions over aiohttp (OpenAI, vLLM, Ollama, llama.cpp, ...)."""
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
-from httpx_sse import EventSource, SSEError
-
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
-from core.agent.retry import HttpModelClient, RetryPolicy
+from core.agent.retry import RetryPolicy
 from core.errors import ModelError
+from providers.http import HttpModelClient
 
 __all__ = ["OpenAIClient", "RetryPolicy"]
 
@@ -28,16 +27,15 @@ class OpenAIClient(HttpModelClient):
         timeout_s: float = 60.0,
         stream: bool = True,
         retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(
             base_url=base_url,
+            path="chat/completions",
             headers={"Authorization": f"Bearer {api_key}"} if api_key else {},
             model=model,
             timeout_s=timeout_s,
             stream=stream,
             retry=retry,
-            transport=transport,
         )
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
@@ -65,16 +63,13 @@ class OpenAIClient(HttpModelClient):
             body["stream_options"] = {"include_usage": True}
         return body
 
-    async def _complete_once(self, body: dict[str, Any]) -> ModelResponse:
+    def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        _raise_for_status(status, headers, body.decode("utf-8", "replace"))
+
+    async def _complete_once(self, payload: bytes) -> ModelResponse:
+        body = await self._post(payload)
         try:
-            resp = await self._http.post("chat/completions", json=body)
-        except httpx.TimeoutException as exc:
-            raise ModelError("model request timed out", retryable=True) from exc
-        except httpx.HTTPError as exc:
-            raise ModelError(f"model request failed: {type(exc).__name__}", retryable=True) from exc
-        _raise_for_status(resp.status_code, resp.headers, resp.text)
-        try:
-            data = resp.json()
+            data = json.loads(body)
             choice = data["choices"][0]
             msg = choice.get("message") or {}
             calls = tuple(
@@ -96,42 +91,31 @@ class OpenAIClient(HttpModelClient):
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise ModelError("model returned a malformed response", retryable=True) from exc
 
-    async def _complete_stream(self, body: dict[str, Any], sink: DeltaSink) -> ModelResponse:
+    async def _complete_stream(self, payload: bytes, sink: DeltaSink) -> ModelResponse:
         text: list[str] = []
         assembler = _ToolCallAssembler()
         usage: dict[str, Any] = {}
         finish: str | None = None
-        try:
-            async with self._http.stream("POST", "chat/completions", json=body) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    _raise_for_status(resp.status_code, resp.headers, resp.text)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    await resp.aread()
-                    raise ModelError("model did not answer with an event stream", retryable=True)
-                async for sse in EventSource(resp).aiter_sse():
-                    if sse.data.strip() == "[DONE]":
-                        break
-                    try:
-                        chunk = json.loads(sse.data)
-                    except ValueError as exc:
-                        raise ModelError("model stream sent invalid JSON", retryable=True) from exc
-                    if not isinstance(chunk, dict):
-                        raise ModelError("model stream sent an unexpected chunk", retryable=True)
-                    if "error" in chunk:
-                        raise ModelError(f"model stream error: {str(chunk['error'])[:200]}")
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        delta = choice.get("delta") or {}
-                        if delta.get("content"):
-                            text.append(delta["content"])
-                            await sink(delta["content"])
-                        assembler.feed(delta.get("tool_calls") or [])
-                        finish = choice.get("finish_reason") or finish
-        except httpx.TimeoutException as exc:
-            raise ModelError("model stream timed out", retryable=True) from exc
-        except (httpx.HTTPError, SSEError) as exc:
-            raise ModelError(f"model stream failed: {type(exc).__name__}", retryable=True) from exc
+        async with self._events(payload) as events:
+            async for sse in events:
+                if sse.data.strip() == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(sse.data)
+                except ValueError as exc:
+                    raise ModelError("model stream sent invalid JSON", retryable=True) from exc
+                if not isinstance(chunk, dict):
+                    raise ModelError("model stream sent an unexpected chunk", retryable=True)
+                if "error" in chunk:
+                    raise ModelError(f"model stream error: {str(chunk['error'])[:200]}")
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        text.append(delta["content"])
+                        await sink(delta["content"])
+                    assembler.feed(delta.get("tool_calls") or [])
+                    finish = choice.get("finish_reason") or finish
         if finish is None and not usage:
             raise ModelError("model stream ended early", retryable=True)
         return ModelResponse(
@@ -182,7 +166,7 @@ class _ToolCallAssembler:
         )
 
 
-def _raise_for_status(status: int, headers: httpx.Headers, text: str) -> None:
+def _raise_for_status(status: int, headers: Mapping[str, str], text: str) -> None:
     if status < 400:
         return
     retry_after: float | None = None

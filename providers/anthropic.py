@@ -1,7 +1,7 @@
-"""Anthropic Messages API over httpx: tools, streaming and not, retries like the OpenAI client.
+"""Anthropic Messages API over aiohttp: tools, streaming and not, retries like the OpenAI client.
 
-No SDK: the wire format is small, and sharing httpx, httpx-sse and RetryPolicy with the
-OpenAI-compatible client keeps both providers' retry and error rules identical.
+No SDK: the wire format is small, and sharing HttpModelClient (session, SSE reader, RetryPolicy)
+with the OpenAI-compatible client keeps both providers' retry and error rules identical.
 """
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
-import httpx
-from httpx_sse import EventSource, SSEError
-
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
-from core.agent.retry import HttpModelClient, RetryPolicy
+from core.agent.retry import RetryPolicy
 from core.errors import ModelError
+from providers.http import HttpModelClient
 
 __all__ = ["ANTHROPIC_VERSION", "DEFAULT_BASE_URL", "AnthropicClient", "to_anthropic_messages"]
 
@@ -51,19 +50,18 @@ class AnthropicClient(HttpModelClient):
         timeout_s: float = 60.0,
         stream: bool = True,
         retry: RetryPolicy | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"anthropic-version": ANTHROPIC_VERSION, "content-type": "application/json"}
         if api_key:
             headers["x-api-key"] = api_key
         super().__init__(
             base_url=base_url.rstrip("/").removesuffix("/v1"),  # tolerate an OpenAI-style /v1
+            path="v1/messages",
             headers=headers,
             model=model,
             timeout_s=timeout_s,
             stream=stream,
             retry=retry,
-            transport=transport,
         )
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
@@ -86,16 +84,13 @@ class AnthropicClient(HttpModelClient):
             body["stream"] = True
         return body
 
-    async def _complete_once(self, body: dict[str, Any]) -> ModelResponse:
+    def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        _raise_for_status(status, headers, body)
+
+    async def _complete_once(self, payload: bytes) -> ModelResponse:
+        body = await self._post(payload)
         try:
-            resp = await self._http.post("v1/messages", json=body)
-        except httpx.TimeoutException as exc:
-            raise ModelError("model request timed out", retryable=True) from exc
-        except httpx.HTTPError as exc:
-            raise ModelError(f"model request failed: {type(exc).__name__}", retryable=True) from exc
-        _raise_for_status(resp)
-        try:
-            data = resp.json()
+            data = json.loads(body)
             content = data["content"]
             if not isinstance(content, list):
                 raise TypeError("content is not a list")
@@ -116,57 +111,45 @@ class AnthropicClient(HttpModelClient):
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelError("model returned a malformed response", retryable=True) from exc
 
-    async def _complete_stream(self, body: dict[str, Any], sink: DeltaSink) -> ModelResponse:
+    async def _complete_stream(self, payload: bytes, sink: DeltaSink) -> ModelResponse:
         text: list[str] = []
         tools = _ToolUseBlocks()
         usage: dict[str, Any] = {}
         stop_reason: str | None = None
         stopped = False
-        try:
-            async with self._http.stream("POST", "v1/messages", json=body) as resp:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    _raise_for_status(resp)
-                if "text/event-stream" not in resp.headers.get("content-type", ""):
-                    await resp.aread()
-                    raise ModelError("model did not answer with an event stream", retryable=True)
-                async for sse in EventSource(resp).aiter_sse():
-                    event = _event(sse.data)
-                    kind = event.get("type") or sse.event
-                    if kind == "message_start":
-                        usage.update(_dict(_dict(event.get("message")).get("usage")))
-                    elif kind == "content_block_start":
-                        block = _dict(event.get("content_block"))
-                        if block.get("type") == "tool_use":
-                            tools.start(event.get("index"), block)
-                        elif block.get("type") == "text" and block.get("text"):
-                            text.append(str(block["text"]))
-                            await sink(str(block["text"]))
-                    elif kind == "content_block_delta":
-                        delta = _dict(event.get("delta"))
-                        if delta.get("type") == "text_delta" and delta.get("text"):
-                            text.append(str(delta["text"]))
-                            await sink(str(delta["text"]))
-                        elif delta.get("type") == "input_json_delta":
-                            tools.feed(event.get("index"), str(delta.get("partial_json") or ""))
-                    elif kind == "message_delta":
-                        stop_reason = _dict(event.get("delta")).get("stop_reason") or stop_reason
-                        usage.update(_dict(event.get("usage")))
-                    elif kind == "message_stop":
-                        stopped = True
-                        break
-                    elif kind == "error":
-                        err = _dict(event.get("error"))
-                        raise ModelError(
-                            f"model stream error: {err.get('type')}: "
-                            f"{str(err.get('message'))[:200]}",
-                            retryable=err.get("type") in _RETRYABLE_TYPES,
-                        )
-                    # ping, content_block_stop and event types added later need nothing
-        except httpx.TimeoutException as exc:
-            raise ModelError("model stream timed out", retryable=True) from exc
-        except (httpx.HTTPError, SSEError) as exc:
-            raise ModelError(f"model stream failed: {type(exc).__name__}", retryable=True) from exc
+        async with self._events(payload) as events:
+            async for sse in events:
+                event = _event(sse.data)
+                kind = event.get("type") or sse.event
+                if kind == "message_start":
+                    usage.update(_dict(_dict(event.get("message")).get("usage")))
+                elif kind == "content_block_start":
+                    block = _dict(event.get("content_block"))
+                    if block.get("type") == "tool_use":
+                        tools.start(event.get("index"), block)
+                    elif block.get("type") == "text" and block.get("text"):
+                        text.append(str(block["text"]))
+                        await sink(str(block["text"]))
+                elif kind == "content_block_delta":
+                    delta = _dict(event.get("delta"))
+                    if delta.get("type") == "text_delta" and delta.get("text"):
+                        text.append(str(delta["text"]))
+                        await sink(str(delta["text"]))
+                    elif delta.get("type") == "input_json_delta":
+                        tools.feed(event.get("index"), str(delta.get("partial_json") or ""))
+                elif kind == "message_delta":
+                    stop_reason = _dict(event.get("delta")).get("stop_reason") or stop_reason
+                    usage.update(_dict(event.get("usage")))
+                elif kind == "message_stop":
+                    stopped = True
+                    break
+                elif kind == "error":
+                    err = _dict(event.get("error"))
+                    raise ModelError(
+                        f"model stream error: {err.get('type')}: {str(err.get('message'))[:200]}",
+                        retryable=err.get("type") in _RETRYABLE_TYPES,
+                    )
+                # ping, content_block_stop and event types added later need nothing
         if not stopped and stop_reason is None:
             raise ModelError("model stream ended early", retryable=True)
         return ModelResponse(
@@ -311,11 +294,9 @@ def _input_tokens(usage: dict[str, Any]) -> int | None:
     return sum(n for k in keys if isinstance(n := usage.get(k), int))
 
 
-def _raise_for_status(resp: httpx.Response) -> None:
-    status = resp.status_code
+def _raise_for_status(status: int, headers: Mapping[str, str], body: bytes) -> None:
     if status < 400:
         return
-    headers = resp.headers
     retry_after: float | None = None
     try:
         if "retry-after-ms" in headers:
@@ -324,11 +305,12 @@ def _raise_for_status(resp: httpx.Response) -> None:
             retry_after = float(headers["retry-after"])
     except ValueError:
         retry_after = None
+    text = body.decode("utf-8", "replace")
     try:
-        err = _dict(_dict(resp.json()).get("error"))
-        detail = f"{err.get('type')}: {err.get('message')}" if err else resp.text
+        err = _dict(_dict(json.loads(body)).get("error"))
+        detail = f"{err.get('type')}: {err.get('message')}" if err else text
     except ValueError:
-        detail = resp.text
+        detail = text
     detail = detail[:200].replace("\n", " ")
     if request_id := headers.get("request-id"):
         detail += f" (request-id {request_id})"
