@@ -470,9 +470,9 @@ async def test_group_commit_uses_far_fewer_transactions(
     batches: list[int] = []
     original = sqlite_module._run_batch
 
-    def counting(conn: sqlite3.Connection, fns: list[Any]) -> list[Any]:
+    def counting(conn: sqlite3.Connection, fns: list[Any], durable: bool = True) -> list[Any]:
         batches.append(len(fns))
-        return original(conn, fns)
+        return original(conn, fns, durable)
 
     monkeypatch.setattr(sqlite_module, "_run_batch", counting)
     results = await asyncio.gather(
@@ -485,6 +485,34 @@ async def test_group_commit_uses_far_fewer_transactions(
     assert 1 <= len(batches) < 100
 
 
+async def test_only_lease_batches_commit_without_waiting_for_the_disk(
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    seen: list[tuple[int, bool, str]] = []
+    original = sqlite_module._run_batch
+
+    def recording(conn: sqlite3.Connection, fns: list[Any], durable: bool = True) -> list[Any]:
+        results = original(conn, fns, durable)
+        level = conn.execute("PRAGMA synchronous").fetchone()[0]
+        seen.append((len(fns), durable, {1: "NORMAL", 2: "FULL"}[level]))
+        return results
+
+    monkeypatch.setattr(sqlite_module, "_run_batch", recording)
+    assert await store.acquire_lease(S1, "me", 30)
+    assert await store.renew_lease(S1, "me", 30)
+    await store.put_inbound(S1, msg(text="kept"), 10)
+    await store.release_lease(S1, "me")
+    await asyncio.gather(store.acquire_lease(S2, "me", 30), store.put_inbound(S2, msg(), 10))
+    assert seen == [
+        (1, False, "NORMAL"),
+        (1, False, "NORMAL"),
+        (1, True, "FULL"),
+        (1, False, "NORMAL"),
+        (2, True, "FULL"),  # one durable op makes its whole batch durable
+    ]
+
+
 async def test_one_failing_op_does_not_fail_its_batch(
     sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -492,9 +520,9 @@ async def test_one_failing_op_does_not_fail_its_batch(
     batches: list[int] = []
     original = sqlite_module._run_batch
 
-    def counting(conn: sqlite3.Connection, fns: list[Any]) -> list[Any]:
+    def counting(conn: sqlite3.Connection, fns: list[Any], durable: bool = True) -> list[Any]:
         batches.append(len(fns))
-        return original(conn, fns)
+        return original(conn, fns, durable)
 
     monkeypatch.setattr(sqlite_module, "_run_batch", counting)
 
@@ -611,8 +639,9 @@ def migrations_of(store: Store) -> list[tuple[int, str]]:
     import core.store.postgres_schema as pg_schema_module
     import core.store.sqlite_schema as sqlite_schema_module
 
-    module = sqlite_schema_module if isinstance(store, SqliteStore) else pg_schema_module
-    return module.MIGRATIONS
+    if isinstance(store, SqliteStore):
+        return sqlite_schema_module.MIGRATIONS
+    return pg_schema_module.MIGRATIONS
 
 
 async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:

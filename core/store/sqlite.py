@@ -49,11 +49,12 @@ WriteOp = Callable[[sqlite3.Connection], Any]
 
 
 class _Op:
-    __slots__ = ("fn", "future")
+    __slots__ = ("durable", "fn", "future")
 
-    def __init__(self, fn: WriteOp, future: asyncio.Future[Any]) -> None:
+    def __init__(self, fn: WriteOp, future: asyncio.Future[Any], durable: bool) -> None:
         self.fn = fn
         self.future = future
+        self.durable = durable
 
 
 class _Db:
@@ -124,11 +125,14 @@ class SqliteStore:
 
     # write path: one writer, grouped commits
 
-    async def _write(self, fn: WriteOp) -> Any:
+    async def _write(self, fn: WriteOp, *, durable: bool = True) -> Any:
+        """Run `fn` in the next batch. A batch of only non-durable ops (leases: they mean
+        nothing once this process is gone) commits without waiting for the disk; any durable
+        op makes its batch, and everything written before it, durable."""
         if self._task is None or self._task.done():
             raise StoreError("store is not running")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Op(fn, fut))
+        self._queue.put_nowait(_Op(fn, fut, durable))
         return await asyncio.shield(fut)
 
     async def _write_loop(self) -> None:
@@ -137,7 +141,13 @@ class SqliteStore:
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                outcomes = await self._writer.call(partial(_run_batch, fns=[op.fn for op in batch]))
+                outcomes = await self._writer.call(
+                    partial(
+                        _run_batch,
+                        fns=[op.fn for op in batch],
+                        durable=any(op.durable for op in batch),
+                    )
+                )
             except asyncio.CancelledError:
                 for op in batch:
                     if not op.future.done():
@@ -550,7 +560,7 @@ class SqliteStore:
         )
         return float(row[0]) if row else 0.0
 
-    # leases
+    # leases: kept only for as long as this process lives, so never waited on the disk for
 
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool:
         def op(c: sqlite3.Connection) -> bool:
@@ -565,7 +575,7 @@ class SqliteStore:
             )
             return cur.rowcount > 0
 
-        acquired: bool = await self._write(op)
+        acquired: bool = await self._write(op, durable=False)
         return acquired
 
     async def renew_lease(self, session: str, owner: str, ttl: float) -> bool:
@@ -576,7 +586,7 @@ class SqliteStore:
             )
             return cur.rowcount > 0
 
-        renewed: bool = await self._write(op)
+        renewed: bool = await self._write(op, durable=False)
         return renewed
 
     async def release_lease(self, session: str, owner: str) -> None:
@@ -587,7 +597,7 @@ class SqliteStore:
                 (session, owner),
             )
 
-        await self._write(op)
+        await self._write(op, durable=False)
 
 
 class _LeaseLost(Exception):
@@ -609,8 +619,10 @@ class _Failed:
         return StoreError(f"store write failed: {self.exc}")
 
 
-def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp]) -> list[Any]:
-    """On the writer's thread: every op in one transaction, one result (or _Failed) each."""
+def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = True) -> list[Any]:
+    """On the writer's thread: every op in one transaction, one result (or _Failed) each.
+    Durable: the commit waits for the disk (WAL: a FULL commit syncs every frame before it)."""
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
     try:
         conn.execute("BEGIN IMMEDIATE")
         results = [fn(conn) for fn in fns]
@@ -619,7 +631,7 @@ def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp]) -> list[Any]:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
         if len(fns) > 1:  # one bad op must not fail its neighbours: redo them one by one
-            return [one for fn in fns for one in _run_batch(conn, [fn])]
+            return [one for fn in fns for one in _run_batch(conn, [fn], durable)]
         if not isinstance(exc, _LeaseLost):
             log.error("store write failed", exc_info=exc)
         return [_Failed(exc)]
