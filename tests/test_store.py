@@ -577,6 +577,22 @@ async def test_queued_writes_finish_before_close(tmp_path: Path) -> None:
     assert rows == [(20,)]
 
 
+async def test_a_closed_sqlite_store_starts_again_with_its_data(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "again.db")
+    await store.start()
+    await store.put_inbound(S1, msg(text="before"), 10)
+    await store.aclose()
+    with pytest.raises(StoreError):
+        await store.pending(S1)
+    await store.start()
+    try:
+        assert [i.message.text for i in await store.pending(S1)] == ["before"]
+        await store.put_inbound(S1, msg(text="after"), 10)
+        assert len(await store.pending(S1)) == 2
+    finally:
+        await store.aclose()
+
+
 async def test_ping(store: Store) -> None:
     assert await store.ping() is None
 

@@ -58,27 +58,31 @@ class _Op:
 
 
 class _Db:
-    """One sqlite3 connection and the one thread that ever touches it."""
+    """One sqlite3 connection and the one thread that ever touches it (from open to close)."""
 
     def __init__(self, name: str) -> None:
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._name = name
+        self._thread: ThreadPoolExecutor | None = None
         self.conn: sqlite3.Connection | None = None
 
     async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self.conn
-        if conn is None:
+        conn, thread = self.conn, self._thread
+        if conn is None or thread is None:
             raise StoreError("store is not running")
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, conn)
+        return await asyncio.get_running_loop().run_in_executor(thread, fn, conn)
 
     async def open(self, path: str) -> None:
-        loop = asyncio.get_running_loop()
-        self.conn = await loop.run_in_executor(self._thread, _connect, path)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+        self.conn = await asyncio.get_running_loop().run_in_executor(self._thread, _connect, path)
 
     async def close(self) -> None:
         conn, self.conn = self.conn, None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
         if conn is not None:
-            await asyncio.get_running_loop().run_in_executor(self._thread, conn.close)
-        self._thread.shutdown(wait=False)
+            await asyncio.get_running_loop().run_in_executor(thread, conn.close)
+        thread.shutdown(wait=False)
 
 
 class SqliteStore:
