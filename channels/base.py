@@ -23,6 +23,7 @@ from core.sessions import LiveOutlet
 from core.store import PutResult, Store
 
 __all__ = [
+    "OK_BODY",
     "BadInput",
     "ChannelAdapter",
     "ChannelContext",
@@ -31,6 +32,8 @@ __all__ = [
     "LiveOutlet",
     "Outlet",
 ]
+
+OK_BODY = b'{"ok":true}'  # a webhook's 200 answer, encoded once
 
 Submit = Callable[[InboundMessage], Awaitable[PutResult]]
 Notify = Callable[[SessionKey, str], Awaitable[None]]

@@ -380,8 +380,7 @@ class SessionRunner:
         return root / re.sub(r"[^A-Za-z0-9_-]+", "_", self.skey)[:200]
 
     def _live(self) -> LiveOutlet | None:
-        outlet = self.mgr.outlets.get(self.key.channel)
-        return outlet if isinstance(outlet, LiveOutlet) else None
+        return self.mgr.live.get(self.key.channel)
 
 
 COMMANDS = frozenset({"reset", "start", "help"})

@@ -72,6 +72,8 @@ class SessionManager:
         self.router = router or Router()
         self.quota = quota or QuotaPolicy()
         self.outlets = outlets
+        # the outlets that show a run as it happens (checked once: a Protocol isinstance is slow)
+        self.live = {ch: o for ch, o in outlets.items() if isinstance(o, LiveOutlet)}
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self.access = AccessControl(access or {}, store)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -63,26 +64,33 @@ class Metrics:
             registry=r,
         )
 
+        # the labelled children, looked up once each (labels() locks and checks every call);
+        # the label values are few: channels, agents, outcomes
+        self._inbound = functools.cache(self.inbound_total.labels)
+        self._runs = functools.cache(self.runs_total.labels)
+        self._tokens = functools.cache(self.tokens_total.labels)
+        self._sends = functools.cache(self.sends_total.labels)
+
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         Gauge(name, doc, registry=self.registry).set_function(read)
 
     # core.telemetry.Telemetry
 
     def inbound(self, channel: str, outcome: str) -> None:
-        self.inbound_total.labels(channel, outcome).inc()
+        self._inbound(channel, outcome).inc()
 
     def run_done(
         self, agent: str, channel: str, status: str, seconds: float, tokens_in: int, tokens_out: int
     ) -> None:
-        self.runs_total.labels(agent, channel, status).inc()
+        self._runs(agent, channel, status).inc()
         self.run_seconds.observe(seconds)
-        self.tokens_total.labels("input").inc(tokens_in)
-        self.tokens_total.labels("output").inc(tokens_out)
+        self._tokens("input").inc(tokens_in)
+        self._tokens("output").inc(tokens_out)
 
     def model_call(self, seconds: float) -> None:
         self.model_seconds.observe(seconds)
 
     def send(self, channel: str, outcome: str, *, rate_limited: bool = False) -> None:
-        self.sends_total.labels(channel, outcome).inc()
+        self._sends(channel, outcome).inc()
         if rate_limited:
             self.rate_limited_total.labels(channel).inc()

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext
+from channels.base import OK_BODY, BadInput, ChannelContext
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus
@@ -145,7 +145,7 @@ class WhatsAppAdapter:
                 await self._unsupported(event)
             elif isinstance(event, StatusReport):
                 await self._status(event)
-        return web.json_response({"ok": True})
+        return web.Response(body=OK_BODY, content_type="application/json")
 
     def _remember(self, rid: str) -> None:
         self._recent[rid] = None

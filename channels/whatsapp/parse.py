@@ -31,11 +31,14 @@ class _M(BaseModel):
 
 
 _T = TypeVar("_T", bound=_M)
+_Fields = dict[str, Any]  # what every message has, before its type adds the rest
 
 
+# `Any` where an inner part is read later on its own: pydantic passes it through as is instead
+# of copying it, and one bad message or status then costs only itself
 class _Change(_M):
     field: str = ""
-    value: dict[str, Any] = Field(default_factory=dict)
+    value: Any = None
 
 
 class _Entry(_M):
@@ -63,9 +66,9 @@ class _Contact(_M):
 
 class _Value(_M):
     metadata: _Metadata
-    contacts: list[dict[str, Any]] = Field(default_factory=list)
-    messages: list[dict[str, Any]] = Field(default_factory=list)
-    statuses: list[dict[str, Any]] = Field(default_factory=list)
+    contacts: list[Any] = Field(default_factory=list)
+    messages: list[Any] = Field(default_factory=list)
+    statuses: list[Any] = Field(default_factory=list)
 
 
 class _Context(_M):
@@ -217,7 +220,7 @@ def parse(data: Any, numbers: frozenset[str], now: float) -> list[Event]:
     return events
 
 
-def _change(raw: dict[str, Any], numbers: frozenset[str], now: float) -> list[Event]:
+def _change(raw: Any, numbers: frozenset[str], now: float) -> list[Event]:
     try:
         value = _Value.model_validate(raw)
     except ValidationError:
@@ -272,19 +275,19 @@ def _message(
     received = now
     if m.timestamp and m.timestamp.isdigit():
         received = min(float(m.timestamp), now)  # the customer's clock, never in our future
-    base = InboundMessage(
-        channel=CHANNEL,
-        account=number,
-        conversation=user,
-        sender=Sender(id=user, name=names.get(user)),
-        platform_id=m.id,
-        reply_to=m.context.id if m.context else None,
-        received_at=received,
-    )
+    base: _Fields = {
+        "channel": CHANNEL,
+        "account": number,
+        "conversation": user,
+        "sender": Sender(id=user, name=names.get(user)),
+        "platform_id": m.id,
+        "reply_to": m.context.id if m.context else None,
+        "received_at": received,
+    }
     return _content(m, base)
 
 
-def _content(m: _Message, base: InboundMessage) -> Event | None:
+def _content(m: _Message, base: _Fields) -> Event | None:
     """The message body by type: text, media, location, contacts, choices, reaction, edit."""
     kind = m.type
     body = getattr(m, kind, None) if kind in MEDIA_TYPES else None
@@ -314,14 +317,15 @@ def _content(m: _Message, base: InboundMessage) -> Event | None:
         return _edit(m, base, m.edit)
     if kind in IGNORED_TYPES:
         return None
-    return Unsupported(base, kind or "unknown")
+    return Unsupported(_with(base), kind or "unknown")
 
 
-def _with(base: InboundMessage, **changes: Any) -> InboundMessage:
-    return base.model_copy(update=changes)
+def _with(base: _Fields, **changes: Any) -> InboundMessage:
+    """The message: built once, from what every message has and what its type adds."""
+    return InboundMessage(**{**base, **changes})
 
 
-def _location(base: InboundMessage, loc: _Location) -> InboundMessage:
+def _location(base: _Fields, loc: _Location) -> InboundMessage:
     where = ", ".join(p for p in (loc.name, loc.address) if p)
     coords = f"{loc.latitude}, {loc.longitude}"
     text = f"[location: {where} ({coords})]" if where else f"[location: {coords}]"
@@ -329,7 +333,7 @@ def _location(base: InboundMessage, loc: _Location) -> InboundMessage:
     return _with(base, text=text, attachments=(att,))
 
 
-def _contacts(base: InboundMessage, cards: list[_Card]) -> InboundMessage:
+def _contacts(base: _Fields, cards: list[_Card]) -> InboundMessage:
     lines, atts = [], []
     for card in cards:
         phones = [p.phone or p.wa_id or "" for p in card.phones]
@@ -340,15 +344,17 @@ def _contacts(base: InboundMessage, cards: list[_Card]) -> InboundMessage:
     return _with(base, text="\n".join(lines), attachments=tuple(atts))
 
 
-def _choice(base: InboundMessage, value: str, title: str) -> InboundMessage:
+def _choice(base: _Fields, value: str, title: str) -> InboundMessage:
     return _with(base, kind=MessageKind.BUTTON, button_value=value, text=title or value)
 
 
-def _edit(m: _Message, base: InboundMessage, edit: _Edit) -> Event | None:
+def _edit(m: _Message, base: _Fields, edit: _Edit) -> Event | None:
     inner = _valid(_Message, {**edit.message, "id": m.id})
     event = _content(inner, base) if inner is not None else None
     if isinstance(event, Incoming):
-        edited = _with(event.message, kind=MessageKind.EDIT, reply_to=edit.original_message_id)
+        edited = event.message.model_copy(
+            update={"kind": MessageKind.EDIT, "reply_to": edit.original_message_id}
+        )
         return Incoming(edited, event.media)
     return event
 
