@@ -26,7 +26,7 @@ from core.policies import (
     LiveOutlet,
     QueueMode,
 )
-from core.store.base import InboxItem, Quota, RunRecord
+from core.store.base import InboxItem, Quota, RunRecord, SessionRecord
 
 if TYPE_CHECKING:
     from core.sessions import SessionManager
@@ -154,7 +154,8 @@ class SessionRunner:
                 if self.poked:
                     continue
                 return
-            if (await self.mgr.store.get_session(self.skey)).state.get("handoff"):
+            session = await self.mgr.store.get_session(self.skey)
+            if session.state.get("handoff"):
                 held = await self.mgr.store.hold_pending(self.skey)
                 log.info("session %s is with an operator; %d message(s) held", self.skey, held)
                 continue
@@ -166,8 +167,9 @@ class SessionRunner:
             if self.policy.queue_mode is QueueMode.FOLLOWUP and not self.coalesce:
                 batch = batch[:1]
             self.coalesce = False
+            waits = self.mgr._slots.locked()  # the session may change while this run waits
             async with self.mgr._slots:
-                await self._turn(batch)
+                await self._turn(batch, None if waits else session)
 
     async def _debounce(self) -> None:
         """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
@@ -181,7 +183,7 @@ class SessionRunner:
             except TimeoutError:
                 return
 
-    async def _turn(self, batch: list[InboxItem]) -> None:
+    async def _turn(self, batch: list[InboxItem], session: SessionRecord | None) -> None:
         run = RunRecord(
             id=uuid.uuid4().hex,
             session=self.skey,
@@ -192,7 +194,8 @@ class SessionRunner:
         self.overflow_noticed = False
         self.batch_ids = set(run.inbox_ids)
         self.batch_texts = [describe_inbound(i.message) for i in batch]
-        session = await self.mgr.store.get_session(self.skey)
+        if session is None:
+            session = await self.mgr.store.get_session(self.skey)
         history = await self.mgr.store.history(self.skey, self.policy.history_turns * 2)
         rules = self.profile.output_rules.get(self.key.channel, "")
         turn = Turn(
