@@ -25,6 +25,8 @@ APPROVED = "access.approved"  # "channel:sender" -> approval time
 CODES = "access.codes"  # code -> {"channel", "sender", "expires"}
 PENDING_CODES_MAX = 20  # codes waiting for approval at once, across channels
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I
+SWEEP_EVERY_S = 60.0  # how often senders gone quiet are forgotten by flood control
+TOLD_MAX = 100_000  # refused senders remembered as already told
 
 
 class Access(StrEnum):
@@ -67,9 +69,11 @@ FLOOD_NOTICE = (
 class AccessControl:
     rules: dict[str, AccessRule]
     store: Store
+    # memory of recent senders only: what has gone quiet is forgotten (see _forget_quiet)
     _recent: dict[str, deque[float]] = field(default_factory=dict)
     _flooding: dict[str, float] = field(default_factory=dict)  # sender -> episode end
     _told: set[str] = field(default_factory=set)  # senders told they are not allowed
+    _sweep_at: float = 0.0  # monotonic time of the next _forget_quiet
 
     async def check(self, msg: InboundMessage) -> Verdict:
         rule = self.rules.get(msg.channel, AccessRule())
@@ -79,6 +83,8 @@ class AccessControl:
         if rule.mode is Access.ALLOWLIST and msg.sender.id not in rule.allow:
             if who in self._told:
                 return Verdict(store=False)
+            if len(self._told) >= TOLD_MAX:  # many strangers: some may be told twice
+                self._told.clear()
             self._told.add(who)
             return Verdict(store=False, notice=PRIVATE)
         if (
@@ -115,6 +121,8 @@ class AccessControl:
         if rule.flood_messages <= 0:
             return Verdict(store=True)
         now = time.monotonic()
+        if now >= self._sweep_at:
+            self._forget_quiet(now)
         window = self._recent.setdefault(who, deque())
         window.append(now)
         while window and window[0] < now - rule.flood_window_s:
@@ -126,6 +134,19 @@ class AccessControl:
         first = who not in self._flooding
         self._flooding[who] = now + rule.flood_window_s
         return Verdict(store=True, coalesce=True, notice=FLOOD_NOTICE if first else None)
+
+    def _forget_quiet(self, now: float) -> None:
+        """Drop the senders whose window holds nothing recent and whose flood episode is over,
+        so a gateway that has heard from a million people does not remember them all."""
+        self._sweep_at = now + SWEEP_EVERY_S
+        for who in [w for w, times in self._recent.items() if self._quiet(w, times, now)]:
+            del self._recent[who]
+        for who in [w for w, end in self._flooding.items() if end < now]:
+            del self._flooding[who]
+
+    def _quiet(self, who: str, times: deque[float], now: float) -> bool:
+        rule = self.rules.get(who.partition(":")[0], AccessRule())
+        return not times or times[-1] < now - rule.flood_window_s
 
 
 async def approve(store: Store, code: str) -> tuple[str, str] | None:

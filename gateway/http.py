@@ -30,7 +30,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     if metrics is not None:
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
-        metrics.http_total.labels(name, str(response.status)).inc()
+        metrics.http(name, str(response.status)).inc()
     return response
 
 

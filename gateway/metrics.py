@@ -66,6 +66,7 @@ class Metrics:
 
         # the labelled children, looked up once each (labels() locks and checks every call);
         # the label values are few: channels, agents, outcomes
+        self.http = functools.cache(self.http_total.labels)  # (route, status)
         self._inbound = functools.cache(self.inbound_total.labels)
         self._runs = functools.cache(self.runs_total.labels)
         self._tokens = functools.cache(self.tokens_total.labels)

@@ -7,13 +7,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
-from core.access import Access, AccessRule, approve, pending_codes
+import core.access as access_module
+from core.access import Access, AccessControl, AccessRule, Verdict, approve, pending_codes
 from core.agent.loop import AgentLoop, Limits
 from core.agent.tools import ToolRegistry
 from core.models import InboundMessage, Sender, SessionKey
@@ -136,6 +140,27 @@ async def test_a_flood_is_coalesced_never_dropped(make: Any) -> None:
     answered = [x for t in texts if t.startswith("echo: ") for x in t[6:].split(" | ")]
     assert answered == [f"m{i}" for i in range(8)]  # nothing dropped, order kept
     assert len(model.requests) < 8  # coalesced into fewer turns despite followup mode
+
+
+async def test_flood_control_forgets_senders_gone_quiet(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that heard from many people keeps only the recent ones in memory, and
+    forgetting changes no verdict."""
+    clock = [1000.0]
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0], time=time.time)
+    monkeypatch.setattr(access_module, "time", fake_time)
+    control = AccessControl({"test": AccessRule(flood_messages=2, flood_window_s=10)}, store)
+    for n in range(5000):
+        assert (await control.check(_msg("hi", f"u{n}", f"p{n}"))).store
+    for _ in range(3):  # one sender floods: told once, coalesced
+        verdict = await control.check(_msg("again", "u1", "x"))
+    assert verdict.coalesce
+    assert len(control._recent) == 5000
+    clock[0] += access_module.SWEEP_EVERY_S + 1  # everyone has gone quiet, the episode is over
+    assert await control.check(_msg("back", "u7", "p-back")) == Verdict(store=True)
+    assert set(control._recent) == {"test:u7"}
+    assert control._flooding == {}
 
 
 async def test_pairing_from_the_command_line(tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ class TelegramAdapter:
             return
         mid = msg.platform_id.partition(":")[2]
         if mid.isdigit() and msg.kind is not MessageKind.BUTTON:
-            self._live.last_inbound[str(key)] = int(mid)
+            self._live.heard(str(key), int(mid))
 
     async def _answer(self, query_id: str) -> None:
         bot = self._client.bot

@@ -34,6 +34,7 @@ TYPING_EVERY_S = 4.0
 EDIT_EVERY_S = 1.0
 PREVIEWS_NS = "telegram_preview"
 _KEEP = 1000  # finished previews waiting for their final send
+LAST_INBOUND_MAX = 10_000  # sessions whose newest message id is kept (group replies quote it)
 
 
 def digest(html: str) -> str:
@@ -76,7 +77,15 @@ class Live:
         self._drafts = True  # until the server says it has no sendMessageDraft
         self._running: dict[str, Preview] = {}
         self._finished: OrderedDict[str, Preview] = OrderedDict()
-        self.last_inbound: dict[str, int] = {}  # session → newest stored message id
+        # session → newest stored message id, for the recent sessions only
+        self._last_inbound: OrderedDict[str, int] = OrderedDict()
+
+    def heard(self, session: str, message_id: int) -> None:
+        """A message of `session` was stored: a group answer will quote the newest."""
+        self._last_inbound[session] = message_id
+        self._last_inbound.move_to_end(session)
+        if len(self._last_inbound) > LAST_INBOUND_MAX:
+            self._last_inbound.popitem(last=False)
 
     async def run_started(self, key: SessionKey, run_id: str) -> None:
         chat = int(key.conversation)
@@ -84,7 +93,7 @@ class Live:
             run_id=run_id,
             chat_id=chat,
             thread=int(key.thread) if key.thread else None,
-            reply_to=self.last_inbound.get(str(key)) if chat < 0 else None,
+            reply_to=self._last_inbound.get(str(key)) if chat < 0 else None,
             draft=chat > 0 and self._drafts,
         )
         old = self._running.pop(str(key), None)
