@@ -145,10 +145,14 @@ class SessionRunner:
             raise asyncio.CancelledError  # ends the turn as if interrupted; nothing is committed
 
     async def _work(self) -> None:
+        drained = False  # the last turn took every pending message, and nothing came since
         while not self.lease_lost:
             self.poked = False
             await self.deliver()
             await self._debounce()
+            if drained and not self.poked:
+                return  # nothing to read: whatever arrives now pokes _main into another round
+            drained = False
             items = await self.mgr.store.pending(self.skey)
             if not items:
                 if self.poked:
@@ -170,6 +174,7 @@ class SessionRunner:
             waits = self.mgr._slots.locked()  # the session may change while this run waits
             async with self.mgr._slots:
                 await self._turn(batch, None if waits else session)
+            drained = len(batch) == len(items) and not self.poked
 
     async def _debounce(self) -> None:
         """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
