@@ -38,6 +38,7 @@ from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
+from core.policies import NotifyingStore
 from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "WhatsAppAdapter"]
@@ -80,6 +81,11 @@ class WhatsAppAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
         self._recent: OrderedDict[str, None] = OrderedDict()  # stored wamids: skip refetching
+        # session → its newest stored message, for the read receipt; only when this process is
+        # the store's only writer (else another replica may hold a newer one: ask the store)
+        self._newest: OrderedDict[str, str] | None = (
+            None if isinstance(ctx.store, NotifyingStore) else OrderedDict()
+        )
 
     # HttpRoutes and Lifecycle
 
@@ -140,6 +146,11 @@ class WhatsAppAdapter:
             self._remember(_rid(msg))
             if stored.status is not InboxStatus.REFUSED:
                 self._sender.heard(session, msg.received_at)
+            if stored.status is InboxStatus.PENDING and self._newest is not None:
+                self._newest[session] = msg.platform_id
+                self._newest.move_to_end(session)
+                if len(self._newest) > RECENT_MAX:
+                    self._newest.popitem(last=False)
         for event in events:
             if isinstance(event, Unsupported):
                 await self._unsupported(event)
@@ -197,9 +208,12 @@ class WhatsAppAdapter:
 
     async def run_started(self, key: SessionKey, run_id: str) -> None:
         """Mark the customer's newest message read and show the typing indicator."""
-        pending = await self._ctx.store.pending(str(key))
-        if pending:
-            self._mark_read(key, pending[-1].message.platform_id)
+        newest = self._newest.get(str(key)) if self._newest is not None else None
+        if newest is None:
+            pending = await self._ctx.store.pending(str(key))
+            newest = pending[-1].message.platform_id if pending else None
+        if newest is not None:
+            self._mark_read(key, newest)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         """WhatsApp cannot edit a message, so nothing streams; keep the indicator alive."""
