@@ -5,6 +5,7 @@ message the read receipt names (the newest stored here, else the store's)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,6 @@ class CountingReads:
 
 async def test_a_menu_is_seen_until_another_reply_ends_it(store: Store) -> None:
     menus = Menus(store)
-    await menus.start()
     assert await menus.get(S1) == []
     await menus.show(S1, MENU)
     assert await menus.get(S1) == MENU
@@ -58,7 +58,6 @@ async def test_open_menus_survive_a_restart(store: Store) -> None:
     await Menus(store).show(S2, MENU)
     await Menus(store).show(S2, [])
     again = Menus(store)
-    await again.start()
     assert await again.get(S1) == MENU
     assert await again.get(S2) == []
 
@@ -68,7 +67,6 @@ async def test_only_sessions_with_a_menu_cost_a_read_on_a_single_writer_store(
 ) -> None:
     counted = CountingReads(store)
     menus = Menus(counted)
-    await menus.start()
     await menus.show(S1, MENU)
     counted.reads = 0
     for _ in range(5):
@@ -83,8 +81,6 @@ async def test_only_sessions_with_a_menu_cost_a_read_on_a_single_writer_store(
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_a_replica_sees_a_menu_another_replica_sent(store: Store) -> None:
     here, there = Menus(store), Menus(store)
-    await here.start()
-    await there.start()
     assert await here.get(S1) == []
     await there.show(S1, MENU)
     assert await here.get(S1) == MENU
@@ -137,3 +133,27 @@ async def test_the_read_receipt_names_a_message_stored_before_this_process_start
     await adapter.run_started(SessionKey.parse(S1), "run-1")  # nothing heard here yet
     assert marked == ["wamid.BEFORE"]
     await adapter.aclose()
+
+
+class SlowReads(CountingReads):
+    """kv_get reads the store at once, then answers only when told."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.answer = asyncio.Event()
+
+    async def kv_get(self, namespace: str, key: str) -> str | None:
+        value = await self.store.kv_get(namespace, key)
+        await self.answer.wait()
+        return value
+
+
+async def test_a_read_that_overlapped_a_new_menu_is_not_remembered(store: Store) -> None:
+    slow = SlowReads(store)
+    menus = Menus(slow)
+    reading = asyncio.create_task(menus.get(S1))  # reads "no menu"...
+    await asyncio.sleep(0.05)
+    await menus.show(S1, MENU)  # ...and a menu is shown before that answer is back
+    slow.answer.set()
+    assert await reading == []  # that read was right when it was made
+    assert await menus.get(S1) == MENU  # but it did not overwrite what show() knows

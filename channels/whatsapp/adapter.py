@@ -93,9 +93,7 @@ class WhatsAppAdapter:
         return [web.get(PATH, self.handshake), web.post(PATH, self.webhook)]
 
     async def start(self) -> None:
-        """Load the open text menus; look up each business number once, so a bad token or
-        number id shows at start."""
-        await self._menus.start()
+        """Look up each business number once, so a bad token or number id shows at start."""
         for number in sorted(self._numbers):
             try:
                 info = await self._graph.lookup(number)
