@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.fake_openai import Cut, Error, Garbage, Text, ToolCalls
+from tests.loopback import serve
 
 __all__ = [
     "Cut",
@@ -114,12 +115,7 @@ class FakeAnthropic:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_post("/v1/messages", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.2)
         return self.url
 
     async def aclose(self) -> None:

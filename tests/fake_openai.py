@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.loopback import serve
+
 __all__ = [
     "Cut",
     "Error",
@@ -105,12 +107,8 @@ class FakeOpenAI:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}/v1"
+        self._runner, base = await serve(app, access_log=None, shutdown_timeout=0.2)
+        self.url = base + "/v1"
         return self.url
 
     async def aclose(self) -> None:

@@ -34,6 +34,7 @@ from core.store import Store
 from gateway.app import build_app
 from gateway.keys import RUNTIME
 from gateway.settings import load_settings
+from tests.loopback import serve
 
 __all__ = [
     "BOT_TOKEN",
@@ -113,12 +114,7 @@ class FakeSlack:
         app.router.add_post("/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
         app.router.add_get("/files/{name}", self._file)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.2)
         return self.url
 
     async def aclose(self) -> None:

@@ -30,6 +30,7 @@ from channels.telegram.client import RATES
 from gateway.app import build_app
 from gateway.keys import RUNTIME
 from gateway.settings import load_settings
+from tests.loopback import serve
 
 __all__ = [
     "ANA",
@@ -278,12 +279,7 @@ class FakeTelegram:
         app = web.Application()
         app.router.add_post("/bot{token}/{method}", self._api)
         app.router.add_get("/file/bot{token}/{path:.+}", self._file)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.1)
         return self.url
 
     async def aclose(self) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 import httpx
 from aiohttp import web
 
+from tests.loopback import serve
+
 __all__ = [
     "APP_SECRET",
     "VERIFY_TOKEN",
@@ -103,12 +105,7 @@ class FakeGraph:
         app.router.add_post("/{version}/{number}/messages", self._messages)
         app.router.add_get("/lookaside/{media_id}", self._download)
         app.router.add_get("/{version}/{object_id}", self._object)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.2)
         return self.url
 
     async def aclose(self) -> None:
@@ -364,11 +361,7 @@ async def running_gateway(
     )
     settings = load_settings(config)
     app = build_app(settings)
-    runner = web.AppRunner(app, shutdown_timeout=1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, url = await serve(app, shutdown_timeout=1)
     try:
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             yield Gateway(graph, app[RUNTIME].store, client, tmp_path / "files")

@@ -31,6 +31,7 @@ from gateway.runtime import Runtime
 from gateway.settings import load_settings
 from tests.conftest import pg_schema
 from tests.fake_openai import Error, FakeOpenAI, Text, ToolCalls, last_user_text
+from tests.loopback import serve
 
 TOKEN = "admin-token-0123456789abcdef"
 WAIT_S = 15.0
@@ -85,13 +86,9 @@ def config(
 async def gateway(path: Path) -> AsyncIterator[Gateway]:
     """The real app on 127.0.0.1, on a free port."""
     app = build_app(load_settings(path))
-    runner = web.AppRunner(app, shutdown_timeout=1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve(app, shutdown_timeout=1)
     try:
-        yield Gateway(f"http://127.0.0.1:{port}", app)
+        yield Gateway(url, app)
     finally:
         await runner.cleanup()
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-from aiohttp import web
 
 from core.errors import ConfigError
 from core.routing import Binding, Router
 from gateway.app import build_app
 from gateway.settings import load_settings, settings_warnings
 from tests.fake_openai import FakeOpenAI
+from tests.loopback import serve
 
 
 def test_router_most_specific_binding_wins() -> None:
@@ -102,12 +102,8 @@ async def gateway(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[str]
         '[agents.vip]\ninstructions = "You are the VIP concierge."\ntools = ["current_time"]\n'
         '[[bindings]]\nagent = "vip"\nchannel = "web"\nconversation = "vip-customer-0001"\n',
     )
-    runner = web.AppRunner(build_app(load_settings(config)))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
+    runner, url = await serve(build_app(load_settings(config)))
+    yield url
     await runner.cleanup()
 
 

@@ -25,6 +25,7 @@ from tests.fake_anthropic import (
     Text,
     ToolCalls,
 )
+from tests.loopback import serve
 
 FAST_RETRY = RetryPolicy(attempts=2, base_delay_s=0.01)
 ADD_SPEC = ToolSpec(
@@ -491,12 +492,7 @@ class Canned:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.2)
 
     async def aclose(self) -> None:
         if self._runner is not None:

@@ -22,6 +22,7 @@ from core.sessions import AgentProfile, DeliveryPolicy, SessionManager
 from core.store import Store
 from gateway.settings import load_settings
 from tests.fakes import RecordingOutlet, ScriptedModel, calls, text
+from tests.loopback import serve
 
 
 class Api:
@@ -56,12 +57,7 @@ async def api() -> AsyncIterator[Api]:
     server = Api()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", server.handle)
-    runner = web.AppRunner(app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    server.url = f"http://127.0.0.1:{port}"
+    runner, server.url = await serve(app, shutdown_timeout=0.1)
     yield server
     await runner.cleanup()
 

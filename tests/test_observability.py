@@ -8,11 +8,11 @@ import logging
 from pathlib import Path
 
 import httpx
-from aiohttp import web
 
 from gateway.app import build_app
 from gateway.logs import _JsonFormatter
 from gateway.settings import load_settings
+from tests.loopback import serve
 
 
 async def test_metrics_count_inbound_runs_sends_and_http(tmp_path: Path) -> None:
@@ -20,13 +20,9 @@ async def test_metrics_count_inbound_runs_sends_and_http(tmp_path: Path) -> None
     config.write_text(
         f'[server]\nmax_body_bytes = 2048\n[store]\nurl = "sqlite:///{tmp_path}/db"\n'
     )
-    runner = web.AppRunner(build_app(load_settings(config)))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve(build_app(load_settings(config)))
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
             await c.get("/")
             body = {"text": "what are your opening hours?", "client_id": "m1"}
             assert (await c.post("/chat/messages", json=body)).status_code == 202

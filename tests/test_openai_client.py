@@ -20,6 +20,7 @@ from core.errors import ModelError
 from providers.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
 from providers.sse import ServerSentEvent, SSEDecoder, SSEError
 from tests.fake_openai import Cut, Error, FakeOpenAI, Garbage, Text, ToolCalls
+from tests.loopback import serve
 
 FAST_RETRY = RetryPolicy(attempts=2, base_delay_s=0.01)
 
@@ -424,12 +425,7 @@ class Canned:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/{path:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner, self.url = await serve(app, access_log=None, shutdown_timeout=0.2)
 
     async def aclose(self) -> None:
         if self._runner is not None:
