@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from core.errors import ChannelError
 from core.models import OutboundPart, SessionKey
 
@@ -93,3 +93,42 @@ class RecordingOutlet:
 
     def texts(self, key: SessionKey | None = None) -> list[str]:
         return [p.reply.text for k, p in self.sent if key is None or k == key]
+
+
+class Deltas:
+    """An on_delta sink that records what it was given, in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def __call__(self, text: str) -> None:
+        self.seen.append(text)
+
+
+ADD_SPEC = ToolSpec(
+    "add",
+    "Add two integers.",
+    {
+        "type": "object",
+        "properties": {"first": {"type": "integer"}, "second": {"type": "integer"}},
+        "required": ["first", "second"],
+    },
+)
+
+
+def simple_request(
+    text: str = "hello",
+    *,
+    tools: tuple[ToolSpec, ...] = (),
+    tool_choice: Any = "auto",
+    max_tokens: int = 350,
+    temperature: float = 0.2,
+) -> ModelRequest:
+    """A system line and one user message: what the HTTP model client tests send."""
+    return ModelRequest(
+        messages=(ChatMessage("system", "be brief"), ChatMessage("user", text)),
+        tools=tools,
+        tool_choice=tool_choice,
+        max_tokens=max_tokens,
+        temperature=temperature,
+    )

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from core.agent.model import ChatMessage, ModelRequest, ToolCall, ToolSpec
+from core.agent.model import ChatMessage, ModelRequest, ToolCall
 from core.errors import ModelError
 from providers.anthropic import NO_RESULT, OMITTED, AnthropicClient, to_anthropic_messages
 from providers.openai import RetryPolicy
@@ -25,44 +25,12 @@ from tests.fake_anthropic import (
     Text,
     ToolCalls,
 )
+from tests.fakes import ADD_SPEC, Deltas
+from tests.fakes import simple_request as _request
 from tests.loopback import serve
 
 FAST_RETRY = RetryPolicy(attempts=2, base_delay_s=0.01)
-ADD_SPEC = ToolSpec(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"first": {"type": "integer"}, "second": {"type": "integer"}},
-        "required": ["first", "second"],
-    },
-)
 ClientFactory = Callable[..., AnthropicClient]
-
-
-def _request(
-    text: str = "hello",
-    *,
-    tools: tuple[ToolSpec, ...] = (),
-    tool_choice: Any = "auto",
-    max_tokens: int = 350,
-    temperature: float = 0.2,
-) -> ModelRequest:
-    return ModelRequest(
-        messages=(ChatMessage("system", "be brief"), ChatMessage("user", text)),
-        tools=tools,
-        tool_choice=tool_choice,
-        max_tokens=max_tokens,
-        temperature=temperature,
-    )
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.seen.append(text)
 
 
 @pytest_asyncio.fixture

@@ -20,17 +20,10 @@ from providers.anthropic import AnthropicClient
 from providers.openai import OpenAIClient, RetryPolicy
 from tests.fake_anthropic import Error, FakeAnthropic
 from tests.fake_openai import FakeOpenAI, Text
+from tests.fakes import Deltas
 
 TOOL = ToolSpec("add", "Add.", {"type": "object", "properties": {}})
 REQUEST = ModelRequest(messages=(ChatMessage("user", "hi"),), tools=(TOOL,))
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.seen.append(text)
 
 
 class Clock:

@@ -28,6 +28,7 @@ from providers.openai import OpenAIClient, RetryPolicy
 from tests import fake_anthropic, fake_openai
 from tests.fake_anthropic import FakeAnthropic
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls
+from tests.fakes import Deltas
 
 QUESTION = "What are your opening hours?"
 HOURS = "We open at 9 on weekdays."
@@ -157,14 +158,6 @@ async def failing(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     await h.client.aclose()
     for close in h.closers:
         await close()
-
-
-class Deltas:
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.seen.append(text)
 
 
 def _request(

@@ -15,53 +15,18 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from core.agent.model import ChatMessage, ModelRequest, ToolCall, ToolSpec
+from core.agent.model import ChatMessage, ModelRequest, ToolCall
 from core.errors import ModelError
 from providers.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
 from providers.sse import ServerSentEvent, SSEDecoder, SSEError
 from tests.fake_openai import Cut, Error, FakeOpenAI, Garbage, Text, ToolCalls
+from tests.fakes import ADD_SPEC, Deltas
+from tests.fakes import simple_request as _request
 from tests.loopback import serve
 
 FAST_RETRY = RetryPolicy(attempts=2, base_delay_s=0.01)
 
-ADD_SPEC = ToolSpec(
-    "add",
-    "Add two integers.",
-    {
-        "type": "object",
-        "properties": {"first": {"type": "integer"}, "second": {"type": "integer"}},
-        "required": ["first", "second"],
-    },
-)
-
 ClientFactory = Callable[..., OpenAIClient]
-
-
-def _request(
-    text: str = "hello",
-    *,
-    tools: tuple[ToolSpec, ...] = (),
-    tool_choice: Any = "auto",
-    max_tokens: int = 350,
-    temperature: float = 0.2,
-) -> ModelRequest:
-    return ModelRequest(
-        messages=(ChatMessage("system", "be brief"), ChatMessage("user", text)),
-        tools=tools,
-        tool_choice=tool_choice,
-        max_tokens=max_tokens,
-        temperature=temperature,
-    )
-
-
-class Deltas:
-    """An on_delta sink that records what it was given, in order."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    async def __call__(self, text: str) -> None:
-        self.seen.append(text)
 
 
 @pytest.fixture(params=[True, False], ids=["stream", "no-stream"])
