@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from aiolimiter import AsyncLimiter
+from cachetools import LRUCache
 
 __all__ = ["KeyedLimiter"]
 
@@ -14,15 +13,11 @@ class KeyedLimiter:
     `max_keys` keys (an idle key's bucket is empty again anyway)."""
 
     def __init__(self, rate: float, period: float, *, max_keys: int = 10_000) -> None:
-        self._rate, self._period, self._max = rate, period, max_keys
-        self._limiters: OrderedDict[str, AsyncLimiter] = OrderedDict()
+        self._rate, self._period = rate, period
+        self._limiters: LRUCache[str, AsyncLimiter] = LRUCache(max_keys)
 
     async def acquire(self, key: str) -> None:
         limiter = self._limiters.get(key)
         if limiter is None:
             limiter = self._limiters[key] = AsyncLimiter(self._rate, self._period)
-            if len(self._limiters) > self._max:
-                self._limiters.popitem(last=False)
-        else:
-            self._limiters.move_to_end(key)
         await limiter.acquire()

@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import OrderedDict
 from typing import Any
 
 from aiohttp import web
+from cachetools import LRUCache
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_sdk.signature import SignatureVerifier
 
@@ -67,8 +67,8 @@ class Inbound:
         self._verifier = SignatureVerifier(secret)
         self._threads = settings.reply_in_threads
         self._ctx, self._identity, self._downloader = ctx, identity, downloader
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._joined: OrderedDict[str, None] = OrderedDict()
+        self._seen: LRUCache[str, None] = LRUCache(SEEN_MAX)
+        self._joined: LRUCache[str, None] = LRUCache(THREADS_MAX)
         self._tails: dict[_Order, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
         self._bolt_app = build_bolt(secret, settings.api_base, identity, self)
@@ -145,7 +145,7 @@ class Inbound:
         """An event_callback: dropped when seen or ignorable, else accepted (the task ends
         True once the message is stored, or deliberately dropped)."""
         event_id = body.get("event_id")
-        if isinstance(event_id, str) and self._remember(self._seen, f"ev:{event_id}", SEEN_MAX):
+        if isinstance(event_id, str) and self._remember(self._seen, f"ev:{event_id}"):
             return None
         self._identity.learn(body)
         incoming = parse_event(body, self._identity.user_id, self._threads)
@@ -164,9 +164,7 @@ class Inbound:
         msg = incoming.message
         # e.g. the same post as app_mention and as message (a thread reply that may yet be
         # dropped is not remembered: its mention must still get through; the store dedupes)
-        if not incoming.needs_joined_thread and self._remember(
-            self._seen, msg.platform_id, SEEN_MAX
-        ):
+        if not incoming.needs_joined_thread and self._remember(self._seen, msg.platform_id):
             return None
         order = (msg.account, msg.conversation, msg.thread)  # a session, without building its key
         task = asyncio.create_task(self._complete(incoming, self._tails.get(order)))
@@ -211,24 +209,20 @@ class Inbound:
             return True
         if await self._ctx.store.kv_get(THREADS_NS, tkey) is None:
             return False
-        self._remember(self._joined, tkey, THREADS_MAX)
+        self._remember(self._joined, tkey)
         return True
 
     async def _join_thread(self, msg: InboundMessage) -> None:
         tkey = _thread_key(msg)
-        if not self._remember(self._joined, tkey, THREADS_MAX):
+        if not self._remember(self._joined, tkey):
             await self._ctx.store.kv_set(THREADS_NS, tkey, "1")
 
     @staticmethod
-    def _remember(memory: OrderedDict[str, None], key: str, limit: int) -> bool:
-        """Add `key`; True when it was already there."""
-        if key in memory:
-            memory.move_to_end(key)
-            return True
+    def _remember(memory: LRUCache[str, None], key: str) -> bool:
+        """Add `key` (or make it recent again); True when it was already there."""
+        seen = key in memory
         memory[key] = None
-        if len(memory) > limit:
-            memory.popitem(last=False)
-        return False
+        return seen
 
     async def aclose(self, grace_s: float = 5.0) -> None:
         """Let accepted messages reach the store; cancel what is still running after grace."""

@@ -15,9 +15,10 @@ import asyncio
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from channels.slack.chunk import sections
 from channels.slack.client import SlackApi
@@ -68,7 +69,7 @@ class Live:
         self._status = settings.status_messages
         self._reaction = settings.status_reaction
         self._runs: dict[str, _Run] = {}
-        self._previews: OrderedDict[str, Preview] = OrderedDict()
+        self._previews: LRUCache[str, Preview] = LRUCache(PREVIEWS_MAX)
         self._no_assistant: set[str] = set()  # channels where setStatus was refused
 
     def preview(self, run_id: str | None) -> Preview | None:
@@ -108,8 +109,6 @@ class Live:
             await _quiet(self._api.delete(key.conversation, run.preview_ts), key)
             return
         self._previews[run_id] = Preview(key.conversation, run.preview_ts)
-        while len(self._previews) > PREVIEWS_MAX:
-            self._previews.popitem(last=False)
 
     async def aclose(self) -> None:
         for run in list(self._runs.values()):

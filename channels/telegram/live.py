@@ -15,10 +15,10 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import partial
 
+from cachetools import LRUCache
 from telegram.constants import ChatAction, ParseMode
 
 from channels.telegram.client import BLOCKED, TelegramClient
@@ -76,16 +76,13 @@ class Live:
         self._client, self._store, self._streaming = client, store, streaming
         self._drafts = True  # until the server says it has no sendMessageDraft
         self._running: dict[str, Preview] = {}
-        self._finished: OrderedDict[str, Preview] = OrderedDict()
+        self._finished: LRUCache[str, Preview] = LRUCache(_KEEP)
         # session → newest stored message id, for the recent sessions only
-        self._last_inbound: OrderedDict[str, int] = OrderedDict()
+        self._last_inbound: LRUCache[str, int] = LRUCache(LAST_INBOUND_MAX)
 
     def heard(self, session: str, message_id: int) -> None:
         """A message of `session` was stored: a group answer will quote the newest."""
         self._last_inbound[session] = message_id
-        self._last_inbound.move_to_end(session)
-        if len(self._last_inbound) > LAST_INBOUND_MAX:
-            self._last_inbound.popitem(last=False)
 
     async def run_started(self, key: SessionKey, run_id: str) -> None:
         chat = int(key.conversation)
@@ -122,8 +119,6 @@ class Live:
                 await self._remember(key, None)
             return
         self._finished[run_id] = state
-        while len(self._finished) > _KEEP:
-            self._finished.popitem(last=False)
 
     async def take(self, key: SessionKey, run_id: str) -> Handover:
         """The preview messages of a finished run, handed over once; from the store when this

@@ -9,9 +9,9 @@ import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from cachetools import LRUCache
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup
 
 from channels.telegram.client import BLOCKED, TelegramClient
@@ -29,6 +29,7 @@ CALLBACK_NS = "telegram_cb"  # long button values, by the short id sent as callb
 CALLBACK_PREFIX = "sb:"
 BLOCKED_NS = "telegram_blocked"  # chat id → when Telegram said the bot was blocked
 PROGRESS_NS = "telegram_progress"  # part id → chunks already delivered
+PROGRESS_KEEP = 1000  # parts whose progress is also kept in memory
 BUTTONS_ONLY = "⬇️"  # Telegram needs text under a keyboard
 
 
@@ -45,7 +46,7 @@ class Delivery:
 
     def __init__(self, client: TelegramClient, store: Store, live: Live) -> None:
         self._client, self._store, self._live = client, store, live
-        self._progress: OrderedDict[int, _Progress] = OrderedDict()
+        self._progress: LRUCache[int, _Progress] = LRUCache(PROGRESS_KEEP)
         self._blocked: dict[int, float | None] = {}
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
@@ -132,8 +133,6 @@ class Delivery:
                 else:
                     progress.targets, progress.shown = preview.ids, preview.shown
         self._progress[part.id] = progress
-        while len(self._progress) > 1000:
-            self._progress.popitem(last=False)
         return progress
 
     async def _save(self, part_id: int, progress: _Progress) -> None:

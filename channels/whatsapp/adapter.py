@@ -15,11 +15,11 @@ import hmac
 import json
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
 from aiohttp import web
+from cachetools import LRUCache
 from pydantic import SecretStr
 
 from channels.base import OK_BODY, BadInput, ChannelContext
@@ -80,11 +80,11 @@ class WhatsAppAdapter:
         self._sender = Sender(settings, ctx, self._graph, self._menus)
         self._tasks: set[asyncio.Task[None]] = set()
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
-        self._recent: OrderedDict[str, None] = OrderedDict()  # stored wamids: skip refetching
+        self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
         # session → its newest stored message, for the read receipt; only when this process is
         # the store's only writer (else another replica may hold a newer one: ask the store)
-        self._newest: OrderedDict[str, str] | None = (
-            None if isinstance(ctx.store, NotifyingStore) else OrderedDict()
+        self._newest: LRUCache[str, str] | None = (
+            None if isinstance(ctx.store, NotifyingStore) else LRUCache(RECENT_MAX)
         )
 
     # HttpRoutes and Lifecycle
@@ -141,25 +141,17 @@ class WhatsAppAdapter:
         for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
             session = str(self._key(msg))
             stored = await self._ctx.submit(await self._menu_choice(msg, session))
-            self._remember(_rid(msg))
+            self._recent[_rid(msg)] = None
             if stored.status is not InboxStatus.REFUSED:
                 self._sender.heard(session, msg.received_at)
             if stored.status is InboxStatus.PENDING and self._newest is not None:
                 self._newest[session] = msg.platform_id
-                self._newest.move_to_end(session)
-                if len(self._newest) > RECENT_MAX:
-                    self._newest.popitem(last=False)
         for event in events:
             if isinstance(event, Unsupported):
                 await self._unsupported(event)
             elif isinstance(event, StatusReport):
                 await self._status(event)
         return web.Response(body=OK_BODY, content_type="application/json")
-
-    def _remember(self, rid: str) -> None:
-        self._recent[rid] = None
-        if len(self._recent) > RECENT_MAX:
-            self._recent.popitem(last=False)
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:
         """A typed number or title answering the text menu we last sent becomes that button."""

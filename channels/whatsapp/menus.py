@@ -9,7 +9,7 @@ such a session costs no store read. The first look at a session reads the store.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from cachetools import LRUCache
 
 from channels.whatsapp.outbound import Menu, menu_from_json, menu_to_json
 from core.policies import NotifyingStore
@@ -25,15 +25,14 @@ class Menus:
     def __init__(self, store: Store) -> None:
         self._store = store
         # session → its menu as the store has it; None: others write too, always ask the store
-        self._known: OrderedDict[str, Menu] | None = (
-            None if isinstance(store, NotifyingStore) else OrderedDict()
+        self._known: LRUCache[str, Menu] | None = (
+            None if isinstance(store, NotifyingStore) else LRUCache(KNOWN_MAX)
         )
         self._shown = 0  # counts show(): a store read that overlapped one is not remembered
 
     async def get(self, session: str) -> Menu:
         known = self._known
         if known is not None and session in known:
-            known.move_to_end(session)
             return known[session]
         shown = self._shown
         menu = menu_from_json(await self._store.kv_get(NS_MENU, session))
@@ -53,9 +52,5 @@ class Menus:
         self._remember(session, menu)
 
     def _remember(self, session: str, menu: Menu) -> None:
-        if self._known is None:
-            return
-        self._known[session] = menu
-        self._known.move_to_end(session)
-        if len(self._known) > KNOWN_MAX:
-            self._known.popitem(last=False)
+        if self._known is not None:
+            self._known[session] = menu

@@ -18,8 +18,9 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
 from typing import Any
+
+from cachetools import LRUCache
 
 from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
@@ -52,13 +53,11 @@ class Sender:
         self._pair_strikes: dict[str, int] = {}
         # session → when the customer last wrote (received here): spares the store a read
         # per reply while the window is surely open; anything older or unknown asks the store
-        self._heard: OrderedDict[str, float] = OrderedDict()
+        self._heard: LRUCache[str, float] = LRUCache(HEARD_MAX)
 
     def heard(self, session: str, at: float) -> None:
         """The customer wrote at `at` (a message this process stored)."""
-        self._heard[session] = max(at, self._heard.pop(session, at))
-        if len(self._heard) > HEARD_MAX:
-            self._heard.popitem(last=False)
+        self._heard[session] = max(at, self._heard.get(session, at))
 
     async def call(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
         """Any messages-endpoint call (e.g. mark as read), under the number's rate limit."""
