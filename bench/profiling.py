@@ -19,7 +19,10 @@ _FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^:()]+)(?::\d+)?\)$")
 
 
 class PySpy:
-    """`py-spy record` on a pid for `duration_s`, in raw (collapsed stack) format."""
+    """`py-spy record` on a pid for `duration_s`, in raw (collapsed stack) format. Only
+    samples that hold the GIL count (`--gil`): on the pinned core the store's threads take
+    turns with the event loop, and a thread waiting for the GIL (or the core) would otherwise
+    be charged to whatever call it was about to return from."""
 
     def __init__(self, pid: int, duration_s: float, out: Path, rate: int = 250) -> None:
         self.out = out
@@ -43,6 +46,7 @@ class PySpy:
             "--format",
             "raw",
             "--threads",
+            "--gil",
             "--output",
             str(out),
         ]
@@ -117,8 +121,8 @@ def summarize(raw: Path, top: int = 22) -> str:
     idle = sum(c for n, c in self_c.items() if n.startswith(_IDLE))
     busy = total - idle
     out = [
-        f"{total} samples of the gateway's main thread (py-spy, 250 Hz); {busy} busy, "
-        f"{idle} waiting in epoll (the core then runs the store's threads or is idle).",
+        f"{total} samples of the gateway's main thread holding the GIL (py-spy, 250 Hz); "
+        f"{busy} busy, {idle} in epoll.",
         "Shares below are of the busy samples.",
         "",
         "self %  function",

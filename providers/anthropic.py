@@ -12,7 +12,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.agent.model import (
+    ChatMessage,
+    DeltaSink,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+)
 from core.agent.retry import RetryPolicy
 from core.errors import ModelError
 from providers.http import HttpModelClient
@@ -75,14 +82,13 @@ class AnthropicClient(HttpModelClient):
         if system:
             body["system"] = system
         if request.tools:
-            body["tools"] = [
-                {"name": t.name, "description": t.description, "input_schema": t.parameters}
-                for t in request.tools
-            ]
             body["tool_choice"] = {"type": request.tool_choice}
         if self._stream:
             body["stream"] = True
         return body
+
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
     def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         _raise_for_status(status, headers, body)

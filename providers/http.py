@@ -17,9 +17,10 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aiohttp
+from cachetools import LRUCache
 from yarl import URL
 
-from core.agent.model import DeltaSink, ModelRequest, ModelResponse
+from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolSpec
 from core.agent.retry import RetryPolicy, with_retries
 from core.errors import ModelError
 from providers.sse import ServerSentEvent, SSEDecoder, SSEError
@@ -64,6 +65,10 @@ class HttpModelClient(ABC):
         self._model = model
         self._stream = stream
         self._retry = retry or RetryPolicy()
+        # the tools' JSON, encoded once per tool set: it is most of a request's bytes, and a
+        # registry hands out the same tuple on every turn (the tuple is kept, so its id stays
+        # its own)
+        self._tools_json: LRUCache[int, tuple[tuple[ToolSpec, ...], bytes]] = LRUCache(16)
 
     async def aclose(self) -> None:
         """Close the session; safe when it never opened, and twice."""
@@ -75,7 +80,7 @@ class HttpModelClient(ABC):
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelResponse:
-        payload = _encode(self._body(request))
+        payload = self._payload(request)
 
         async def once(sink: DeltaSink) -> ModelResponse:
             if self._stream:
@@ -87,9 +92,24 @@ class HttpModelClient(ABC):
 
         return await with_retries(self._retry, once, on_delta)
 
+    def _payload(self, request: ModelRequest) -> bytes:
+        """The encoded body, with the tools' cached JSON spliced in as its last member."""
+        body = _encode(self._body(request))
+        if not request.tools:
+            return body
+        cached = self._tools_json.get(id(request.tools))
+        if cached is None or cached[0] is not request.tools:
+            cached = (request.tools, _encode([self._tool(t) for t in request.tools]))
+            self._tools_json[id(request.tools)] = cached
+        return b'%s,"tools":%s}' % (body[:-1], cached[1])
+
     @abstractmethod
     def _body(self, request: ModelRequest) -> dict[str, Any]:
-        """The provider's request body."""
+        """The provider's request body without "tools" (`_tool` encodes each, once)."""
+
+    @abstractmethod
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        """One tool as the provider declares it."""
 
     @abstractmethod
     def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
@@ -193,6 +213,6 @@ def _env_proxy(url: URL) -> tuple[URL | None, str | None]:
     return proxy_url.with_user(None), f"Basic {auth}"
 
 
-def _encode(body: dict[str, Any]) -> bytes:
+def _encode(body: dict[str, Any] | list[Any]) -> bytes:
     """Compact UTF-8 JSON; NaN is refused here rather than by the API."""
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()

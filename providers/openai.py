@@ -7,7 +7,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall
+from core.agent.model import (
+    ChatMessage,
+    DeltaSink,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+)
 from core.agent.retry import RetryPolicy
 from core.errors import ModelError
 from providers.http import HttpModelClient
@@ -46,22 +53,21 @@ class OpenAIClient(HttpModelClient):
             "temperature": request.temperature,
         }
         if request.tools:
-            body["tools"] = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description,
-                        "parameters": t.parameters,
-                    },
-                }
-                for t in request.tools
-            ]
             body["tool_choice"] = request.tool_choice
         if self._stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         return body
+
+    def _tool(self, tool: ToolSpec) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        }
 
     def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         _raise_for_status(status, headers, body.decode("utf-8", "replace"))

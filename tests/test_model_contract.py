@@ -118,6 +118,7 @@ CLIENTS = [
     "scripted",
 ]
 FAILING = [c for c in CLIENTS if c != "offline"]  # the offline model has no way to fail
+HTTP = [c for c in CLIENTS if c.startswith(("openai", "anthropic"))]
 
 
 async def _harness(name: str) -> Harness:
@@ -153,6 +154,15 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
 
 @pytest_asyncio.fixture(params=FAILING)
 async def failing(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    h = await _harness(request.param)
+    yield h
+    await h.client.aclose()
+    for close in h.closers:
+        await close()
+
+
+@pytest_asyncio.fixture(params=HTTP)
+async def http(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
     h = await _harness(request.param)
     yield h
     await h.client.aclose()
@@ -241,6 +251,23 @@ async def test_tool_choice_none_yields_text(harness: Harness) -> None:
     assert r.tool_calls == ()
     assert r.text
     assert r.finish_reason == "stop"
+
+
+async def test_every_call_declares_its_own_tool_set(http: Harness) -> None:
+    """The tools' JSON is encoded once per tool set; every body still carries the set it was
+    asked with, whole, and a new set (even a new tuple of the same length) is its own."""
+    fake = http.openai or http.anthropic
+    assert fake is not None
+    other = ToolSpec("get_time", "The time now.", {"type": "object", "properties": {}})
+    sets = [(SEARCH_SPEC,), (SEARCH_SPEC,), (other,), (SEARCH_SPEC, other), (SEARCH_SPEC,)]
+    shown = []
+    for tools in sets:
+        await http.client.complete(_request(ChatMessage("user", "hi"), tools=tools))
+        body = fake.requests[-1]
+        assert body["messages"][-1]["content"] in ("hi", [{"type": "text", "text": "hi"}])
+        shown.append([t.get("name") or t["function"]["name"] for t in body["tools"]])
+    assert shown == [[t.name for t in tools] for tools in sets]
+    assert json.loads(json.dumps(fake.requests[-1]["tools"])) == fake.requests[0]["tools"]
 
 
 @pytest.mark.parametrize("kind", ["refused", "broken"])

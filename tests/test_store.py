@@ -551,6 +551,49 @@ async def test_one_failing_op_does_not_fail_its_batch(
     assert await store.sessions_with_work() == [S1]
 
 
+class _Refusing(sqlite3.Connection):
+    """A connection on which every statement fails with one SQLite error code."""
+
+    code = sqlite3.SQLITE_BUSY
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:
+        err = sqlite3.OperationalError(f"refused ({self.code})")
+        err.sqlite_errorcode = self.code
+        raise err
+
+
+class _Corrupt(_Refusing):
+    code = sqlite3.SQLITE_CORRUPT
+
+
+async def test_lookups_stay_on_the_loop_unless_sqlite_would_wait(
+    sqlite_store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = sqlite_store
+    await store.put_inbound(S1, msg(text="here"), 10)
+    handed: list[str] = []
+    original = store._reader.call
+
+    async def counting(fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        handed.append("reader")
+        return await original(fn)
+
+    monkeypatch.setattr(store._reader, "call", counting)
+    assert [i.message.text for i in await store.pending(S1)] == ["here"]
+    assert (await store.get_session(S1)).epoch == 0
+    assert handed == []  # no thread hand-off for a lookup
+
+    assert store._local is not None
+    store._local.close()
+    store._local = sqlite3.connect(store._path, factory=_Refusing)
+    assert [i.message.text for i in await store.pending(S1)] == ["here"]  # busy: the thread
+    assert handed == ["reader"]
+    store._local.close()
+    store._local = sqlite3.connect(store._path, factory=_Corrupt)
+    with pytest.raises(StoreError, match="store read failed"):  # any other error is one
+        await store.pending(S1)
+
+
 async def test_operations_after_close_raise_store_error(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "closed.db")
     await s.start()

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from channels.whatsapp.format import chunk, plain, wlen
+from channels.whatsapp.format import _MD, _plain_units, _Walker, chunk, plain, wlen
 from channels.whatsapp.outbound import (
     match_menu,
     menu_from_json,
@@ -58,6 +58,38 @@ def test_tables_become_lines() -> None:
 
 def test_plain_is_one_unstyled_line() -> None:
     assert plain("# Hi\n\n**Bold** and\n\n- a\n- b") == "Hi Bold and a b"
+
+
+PLAIN = [
+    "echo: conversation 12 message 3",
+    "Sure! We open at 9 on weekdays.\nSee you then.",
+    "First paragraph.\n\n\nSecond one, after blank lines.\n",
+    "Ünïcode façade, 東京 and emoji 🚲 inside (fine).",
+]
+
+
+def test_plain_replies_skip_the_parser() -> None:
+    for text in PLAIN:
+        units = _plain_units(text)
+        assert units is not None, text
+        assert units == _Walker().walk(_MD.parse(text))
+
+
+_ODD_SPACE = ["\u00a0", "\u2028", "\u3000", "\x0b", "\x0c", "\x85", "\u200b", "\x00"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        # mostly what the shortcut takes, with the odd space: it must agree on those
+        st.text(st.sampled_from([*"aZé東19 \n\n!-+=.:;>\"'()?,", "🚲", *_ODD_SPACE]), max_size=40),
+        # Markdown's characters: it must step aside
+        st.text(st.sampled_from([*"aZ1 \n\t\r*_~`[]()<>&#|\\!-+=.", "🚲"]), max_size=40),
+    )
+)
+def test_the_plain_shortcut_agrees_with_the_parser(text: str) -> None:
+    units = _plain_units(text)
+    assert units is None or units == _Walker().walk(_MD.parse(text))
 
 
 def test_long_text_is_cut_between_paragraphs_in_order() -> None:

@@ -32,6 +32,11 @@ BOLD, ITALIC, STRIKE, MONO = "*", "_", "~", "```"
 _MARK = {"strong": BOLD, "em": ITALIC, "s": STRIKE}
 _WORD = re.compile(r"\S+\s*|\s+")
 _MD = MarkdownIt("commonmark").enable(["strikethrough", "table"])
+# a line markdown-it gives back as it is: it starts with a letter (so it opens no list, quote,
+# heading, fence, table or indented code), ends without a space (no hard break), and holds no
+# character an inline rule reads (styles, code, links, HTML, entities, escapes, tables)
+_INLINE = r"\\`*_\[\]<>&~|#\x00"
+_PLAIN_LINE = re.compile(rf"[^\W\d_](?:[^{_INLINE}\t\r\n]*[^{_INLINE}\s])?")
 
 
 def wlen(text: str) -> int:
@@ -211,7 +216,24 @@ def inline_lines(children: list[Token], base: tuple[str, ...]) -> list[list[Span
 
 
 def to_units(markdown: str) -> list[Unit]:
-    return _Walker().walk(_MD.parse(markdown))
+    units = _plain_units(markdown)
+    return units if units is not None else _Walker().walk(_MD.parse(markdown))
+
+
+def _plain_units(text: str) -> list[Unit] | None:
+    """What markdown-it would make of text with no Markdown in it, without parsing; None when
+    any line might hold some (most short replies are plain sentences)."""
+    units: list[Unit] = []
+    gap = 1
+    for line in text.split("\n"):
+        if not line:
+            gap = 2 if units else 1
+        elif _PLAIN_LINE.fullmatch(line) is None:
+            return None
+        else:
+            units.append(Unit(gap, "", [Span(line)]))
+            gap = 1
+    return units
 
 
 def plain(markdown: str) -> str:

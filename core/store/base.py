@@ -67,7 +67,12 @@ class HistoryEntry:
     run_id: str | None
     created_at: float
     id: int = 0
-    reply: Reply | None = None  # for assistant entries: the reply with its buttons
+    reply_json: str | None = None  # for assistant entries: the reply with its buttons
+
+    @property
+    def reply(self) -> Reply | None:
+        """The reply, parsed only when asked for (the prompt needs just the text)."""
+        return Reply.model_validate_json(self.reply_json) if self.reply_json else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +132,7 @@ def history_entries(rows: list[Any]) -> list[HistoryEntry]:
             run_id=r[3],
             created_at=r[4],
             id=r[0],
-            reply=Reply.model_validate_json(r[5]) if r[5] else None,
+            reply_json=r[5] or None,
         )
         for r in reversed(rows)
     ]

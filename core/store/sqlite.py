@@ -2,9 +2,14 @@
 
 Writes go through one writer task that groups whatever is queued into a single transaction,
 so a burst of webhooks costs one fsync, not one each; the whole batch (BEGIN, every op,
-COMMIT) runs in one call on the writer connection's own thread. Reads use their own
-connection on their own thread, one call each; WAL lets them run beside the writer. Each
-connection lives on a single thread for its whole life, as sqlite3 wants.
+COMMIT) runs in one call on the writer connection's own thread. WAL lets reads run beside the
+writer, on two more connections:
+- lookups of a few rows by key (a session's pending messages, its record, its recent history,
+  its outbox) run on the event loop's own connection, which never waits for a lock: they take
+  a few microseconds, and handing each to a thread cost several times that in CPU;
+- reads that may scan (listings, counts, transcripts), and any lookup SQLite would make wait,
+  run on a reader thread.
+Each connection lives on a single thread for its whole life, as sqlite3 wants.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class SqliteStore:
         self._max_batch = max_batch
         self._writer = _Db("sqlite-writer")
         self._reader = self._writer if self._path == ":memory:" else _Db("sqlite-reader")
+        self._local: sqlite3.Connection | None = None  # the event loop's, for lookups
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -106,6 +112,7 @@ class SqliteStore:
             await self._writer.call(_migrate)
             if self._reader is not self._writer:
                 await self._reader.open(self._path)
+                self._local = _connect(self._path, wait_ms=0)
         except (sqlite3.Error, OSError) as exc:
             await self._close_connections()
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
@@ -120,6 +127,9 @@ class SqliteStore:
         await self._close_connections()
 
     async def _close_connections(self) -> None:
+        local, self._local = self._local, None
+        if local is not None:
+            local.close()
         await self._reader.close()
         if self._writer is not self._reader:
             await self._writer.close()
@@ -176,6 +186,19 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"store read failed: {exc}") from exc
 
+    async def _lookup(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """A read of a few rows by key, right here on the event loop's connection; on the
+        reader thread when SQLite would make it wait (a WAL reader rarely has to)."""
+        if self._local is not None:
+            try:
+                return fn(self._local)
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise StoreError(f"store read failed: {exc}") from exc
+            except sqlite3.Error as exc:
+                raise StoreError(f"store read failed: {exc}") from exc
+        return await self._read(fn)
+
     # inbox
 
     async def put_inbound(
@@ -218,7 +241,7 @@ class SqliteStore:
         return result
 
     async def pending(self, session: str) -> list[InboxItem]:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda c: _fetchall(
                 c,
                 "SELECT id, payload FROM inbox WHERE session = ? AND status = 'pending'"
@@ -229,7 +252,7 @@ class SqliteStore:
         return [InboxItem(r[0], InboundMessage.model_validate_json(r[1])) for r in rows]
 
     async def run_messages(self, run_id: str) -> list[InboundMessage]:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda c: _fetchall(
                 c, "SELECT payload FROM inbox WHERE run_id = ? ORDER BY id", (run_id,)
             )
@@ -286,7 +309,7 @@ class SqliteStore:
     # sessions and history
 
     async def get_session(self, session: str) -> SessionRecord:
-        row = await self._read(
+        row = await self._lookup(
             lambda c: _fetchone(c, "SELECT epoch, state FROM sessions WHERE key = ?", (session,))
         )
         if row is None:
@@ -317,7 +340,7 @@ class SqliteStore:
         await self._write(op)
 
     async def history(self, session: str, limit: int) -> list[HistoryEntry]:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda c: _fetchall(
                 c,
                 "SELECT m.id, m.role, m.content, m.run_id, m.created_at, m.reply FROM messages m"
@@ -417,7 +440,7 @@ class SqliteStore:
         return parts
 
     async def outbox_pending(self, session: str) -> list[OutboundPart]:
-        rows = await self._read(
+        rows = await self._lookup(
             lambda c: _fetchall(
                 c,
                 "SELECT id, run_id, seq, reply, attempts FROM outbox"
@@ -470,7 +493,7 @@ class SqliteStore:
         return found
 
     async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
-        row = await self._read(
+        row = await self._lookup(
             lambda c: _fetchone(
                 c, "SELECT status, delivery, error FROM outbox WHERE id = ?", (part_id,)
             )
@@ -488,7 +511,7 @@ class SqliteStore:
         return None if row is None or row[0] is None else float(row[0])
 
     async def kv_get(self, namespace: str, key: str) -> str | None:
-        row = await self._read(
+        row = await self._lookup(
             lambda c: _fetchone(
                 c,
                 "SELECT value FROM channel_state WHERE namespace = ? AND key = ?",
@@ -555,7 +578,7 @@ class SqliteStore:
         await self._write(op)
 
     async def usage(self, day: str, scope: str, key: str) -> float:
-        row = await self._read(
+        row = await self._lookup(
             lambda c: _fetchone(
                 c,
                 "SELECT used FROM usage WHERE day = ? AND scope = ? AND key = ?",
@@ -642,12 +665,12 @@ def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = Tru
     return results
 
 
-def _connect(path: str) -> sqlite3.Connection:
+def _connect(path: str, wait_ms: int = 5000) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=5000")
+        conn.execute(f"PRAGMA busy_timeout={wait_ms}")
         conn.execute("PRAGMA foreign_keys=ON")
     except sqlite3.Error:
         conn.close()
