@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ __all__ = [
     "delivery_rank",
     "history_entries",
     "outbound_parts",
+    "run_json",
     "transcript_entries",
 ]
 
@@ -118,6 +120,15 @@ class RunRecord:
     error: str | None = None
     inbox_ids: list[int] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def run_json(run: RunRecord) -> tuple[str, str, str]:
+    """The run's list and dict columns as JSON: limits hit, inbox ids, detail."""
+    return (
+        json.dumps(run.limits_hit),
+        json.dumps(run.inbox_ids),
+        json.dumps(run.detail, default=str),
+    )
 
 
 # Row decoding shared by the backends: both select the same columns in the same order.

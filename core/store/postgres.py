@@ -14,7 +14,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import asdict
 from typing import Any
 
 import asyncpg
@@ -34,6 +33,7 @@ from core.store.base import (
     delivery_rank,
     history_entries,
     outbound_parts,
+    run_json,
     transcript_entries,
 )
 from core.store.postgres_schema import MIGRATIONS
@@ -551,7 +551,7 @@ async def _insert_history(
 
 
 async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
-    d = asdict(run)
+    limits_hit, inbox_ids, detail = run_json(run)
     await c.execute(
         "INSERT INTO runs (id, session, status, started_at, ended_at, steps, tool_calls,"
         " input_tokens, output_tokens, limits_hit, error, inbox_ids, detail, credits)"
@@ -571,10 +571,10 @@ async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
         run.tool_calls,
         run.input_tokens,
         run.output_tokens,
-        json.dumps(d["limits_hit"]),
+        limits_hit,
         run.error,
-        json.dumps(d["inbox_ids"]),
-        json.dumps(d["detail"], default=str),
+        inbox_ids,
+        detail,
         run.credits,
     )
 

@@ -20,9 +20,9 @@ import json
 import logging
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +42,7 @@ from core.store.base import (
     delivery_rank,
     history_entries,
     outbound_parts,
+    run_json,
     transcript_entries,
 )
 from core.store.sqlite_schema import MIGRATIONS
@@ -99,7 +100,9 @@ class SqliteStore:
         self._writer = _Db("sqlite-writer")
         self._reader = self._writer if self._path == ":memory:" else _Db("sqlite-reader")
         self._local: sqlite3.Connection | None = None  # the event loop's, for lookups
-        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
+        self._ops: deque[_Op] = deque()  # queued for the writer, oldest first
+        self._wake = asyncio.Event()  # set when there is something queued (or closing)
+        self._closing = False
         self._task: asyncio.Task[None] | None = None
 
     # lifecycle
@@ -116,12 +119,14 @@ class SqliteStore:
         except (sqlite3.Error, OSError) as exc:
             await self._close_connections()
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
+        self._closing = False
+        self._wake = asyncio.Event()  # of this loop: a store may start again in another
         self._task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
 
     async def aclose(self) -> None:
         if self._task is not None:
-            await self._queue.join()  # let queued writes finish, then stop the writer
-            self._task.cancel()
+            self._closing = True  # the writer finishes what is queued, then returns
+            self._wake.set()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         await self._close_connections()
@@ -143,17 +148,24 @@ class SqliteStore:
         """Run `fn` in the next batch. A batch of only non-durable ops (leases: they mean
         nothing once this process is gone) commits without waiting for the disk; any durable
         op makes its batch, and everything written before it, durable."""
-        if self._task is None or self._task.done():
+        if self._task is None or self._task.done() or self._closing:
             raise StoreError("store is not running")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Op(fn, fut, durable))
-        return await asyncio.shield(fut)
+        self._ops.append(_Op(fn, fut, durable))
+        self._wake.set()
+        # a caller that gives up cancels only its wait: the op stays queued and is written
+        return await fut
 
     async def _write_loop(self) -> None:
+        ops = self._ops
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
+            if not ops:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = [ops.popleft() for _ in range(min(len(ops), self._max_batch))]
             try:
                 outcomes = await self._writer.call(
                     partial(
@@ -163,15 +175,13 @@ class SqliteStore:
                     )
                 )
             except asyncio.CancelledError:
-                for op in batch:
+                for op in (*batch, *ops):
                     if not op.future.done():
                         op.future.set_exception(StoreError("store closed"))
+                ops.clear()
                 raise
             except Exception as exc:  # the thread itself failed: nothing was committed
                 outcomes = [_Failed(exc)] * len(batch)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
             for op, outcome in zip(batch, outcomes, strict=True):
                 if op.future.done():
                     continue
@@ -383,6 +393,8 @@ class SqliteStore:
         replies: list[Reply],
         state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
+        encoded = [(reply, reply.model_dump_json()) for reply in replies]
+
         def op(c: sqlite3.Connection) -> list[OutboundPart]:
             row = _fetchone(
                 c, "SELECT lease_owner, epoch FROM sessions WHERE key = ?", (run.session,)
@@ -406,14 +418,14 @@ class SqliteStore:
                     " VALUES (?, ?, 'user', ?, ?, ?)",
                     (run.session, epoch, user_text, run.id, now),
                 )
-            for reply in replies:
+            for reply, text in encoded:
                 c.execute(
                     "INSERT INTO messages (session, epoch, role, content, reply, run_id,"
                     " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
-                    (run.session, epoch, reply.text, reply.model_dump_json(), run.id, now),
+                    (run.session, epoch, reply.text, text, run.id, now),
                 )
             _insert_run(c, run)
-            return _insert_outbox(c, run.session, run.id, replies)
+            return _insert_outbox(c, run.session, run.id, encoded)
 
         parts: list[OutboundPart] = await self._write(op)
         return parts
@@ -425,16 +437,18 @@ class SqliteStore:
         await self._write(op)
 
     async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
+        encoded = [(reply, reply.model_dump_json()) for reply in replies]
+
         def op(c: sqlite3.Connection) -> list[OutboundPart]:
             row = _fetchone(c, "SELECT epoch FROM sessions WHERE key = ?", (session,))
             epoch, now = (row[0] if row else 0), time.time()
-            for reply in replies:
+            for reply, text in encoded:
                 c.execute(
                     "INSERT INTO messages (session, epoch, role, content, reply, created_at)"
                     " VALUES (?, ?, 'assistant', ?, ?, ?)",
-                    (session, epoch, reply.text, reply.model_dump_json(), now),
+                    (session, epoch, reply.text, text, now),
                 )
-            return _insert_outbox(c, session, None, replies)
+            return _insert_outbox(c, session, None, encoded)
 
         parts: list[OutboundPart] = await self._write(op)
         return parts
@@ -705,7 +719,7 @@ def _fetchall(c: sqlite3.Connection, sql: str, args: tuple[Any, ...] = ()) -> li
 
 
 def _insert_run(c: sqlite3.Connection, run: RunRecord) -> None:
-    d = asdict(run)
+    limits_hit, inbox_ids, detail = run_json(run)
     c.execute(
         "INSERT OR REPLACE INTO runs (id, session, status, started_at, ended_at, steps,"
         " tool_calls, input_tokens, output_tokens, credits, limits_hit, error, inbox_ids,"
@@ -721,24 +735,25 @@ def _insert_run(c: sqlite3.Connection, run: RunRecord) -> None:
             run.input_tokens,
             run.output_tokens,
             run.credits,
-            json.dumps(d["limits_hit"]),
+            limits_hit,
             run.error,
-            json.dumps(d["inbox_ids"]),
-            json.dumps(d["detail"], default=str),
+            inbox_ids,
+            detail,
         ),
     )
 
 
 def _insert_outbox(
-    c: sqlite3.Connection, session: str, run_id: str | None, replies: list[Reply]
+    c: sqlite3.Connection, session: str, run_id: str | None, replies: list[tuple[Reply, str]]
 ) -> list[OutboundPart]:
+    """Each (reply, its JSON) as the next outbox part of the run."""
     parts = []
     now = time.time()
-    for seq, reply in enumerate(replies):
+    for seq, (reply, encoded) in enumerate(replies):
         cur = c.execute(
             "INSERT INTO outbox (session, channel, run_id, seq, reply, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (session, _channel_of(session), run_id, seq, reply.model_dump_json(), now),
+            (session, _channel_of(session), run_id, seq, encoded, now),
         )
         assert cur.lastrowid is not None
         parts.append(
