@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from core.sessions import RESET_REPLY
+from gateway.cli import GC_YOUNG_THRESHOLD, settle_heap
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config" / "switchboard.example.toml"
@@ -291,3 +293,14 @@ def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "agent.limits.max_steps" in proc.stderr
     assert_no_traceback(proc)
+
+
+async def test_a_started_gateway_freezes_its_startup_heap() -> None:
+    before = gc.get_threshold()
+    try:
+        await settle_heap()
+        assert gc.get_freeze_count() > 1000  # everything alive now is left out of collections
+        assert gc.get_threshold() == (GC_YOUNG_THRESHOLD, 10, 10)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
