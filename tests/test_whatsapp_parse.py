@@ -7,9 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from channels.base import BadInput
-from channels.whatsapp.parse import Event, Incoming, StatusReport, Unsupported, parse
+from channels.whatsapp.parse import (
+    Event,
+    Incoming,
+    StatusReport,
+    Unsupported,
+    parse,
+    parse_json,
+)
 from core.models import MessageKind, SessionKey
 
 PAYLOADS = Path(__file__).parent / "payloads" / "whatsapp"
@@ -199,3 +208,82 @@ def test_other_objects_and_fields_are_ignored() -> None:
     data = load("text")
     data["entry"][0]["changes"][0]["field"] = "message_template_status_update"
     assert parse(data, NUMBERS, NOW) == []
+
+
+# parse_json (the route's: one pass over the bytes, else part by part) must be parse exactly
+
+
+def _both(data: Any) -> tuple[Any, Any]:
+    """What parse and parse_json make of the same notification (events, or the error)."""
+    out = []
+    for read in (lambda: parse(data, NUMBERS, NOW), lambda: parse_json(_bytes(data), NUMBERS, NOW)):
+        try:
+            out.append(read())
+        except BadInput as exc:
+            out.append(f"BadInput: {exc}")
+    return out[0], out[1]
+
+
+def _bytes(data: Any) -> bytes:
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PAYLOADS.glob("*.json")))
+def test_reading_the_bytes_in_one_pass_is_the_same_as_part_by_part(name: str) -> None:
+    data = load(name)
+    by_parts, whole = _both(data)
+    assert whole == by_parts
+
+
+def test_one_pass_steps_aside_for_anything_unusual() -> None:
+    bad_message = load("three_messages")
+    bad_message["entry"][0]["changes"][0]["value"]["messages"][1] = {"type": "text"}
+    other_field = load("text")
+    other_field["entry"][0]["changes"].append({"field": "account_update", "value": {"x": 1}})
+    lone_surrogate = load("text")
+    lone_surrogate["entry"][0]["changes"][0]["value"]["messages"][0]["text"]["body"] = "\ud800"
+    numeric_id = load("text")
+    numeric_id["entry"][0]["changes"][0]["value"]["messages"][0]["from"] = 1.0
+    unusual = (bad_message, other_field, lone_surrogate, numeric_id)
+    for data in (*unusual, {"object": "page", "entry": []}, [], {"entry": 1}):
+        by_parts, whole = _both(data)
+        assert whole == by_parts
+    assert len(_both(bad_message)[1]) == 2  # the good two still count
+    with pytest.raises(ValueError, match="Expecting value"):
+        parse_json(b"not json", NUMBERS, NOW)
+
+
+def _leaves(node: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(node, dict):
+        return [path] + [q for k, v in node.items() for q in _leaves(v, (*path, k))]
+    if isinstance(node, list):
+        return [path] + [q for i, v in enumerate(node) for q in _leaves(v, (*path, i))]
+    return [path]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(sorted(p.stem for p in PAYLOADS.glob("*.json"))),
+    pick=st.integers(min_value=0),
+    value=_JSON,
+)
+def test_one_pass_agrees_on_mangled_notifications(name: str, pick: int, value: Any) -> None:
+    data: Any = load(name)
+    paths = _leaves(data)
+    path = paths[pick % len(paths)]
+    if not path:
+        data = value
+    else:
+        parent = data
+        for step in path[:-1]:
+            parent = parent[step]
+        parent[path[-1]] = value
+    by_parts, whole = _both(data)
+    assert whole == by_parts

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -32,7 +31,7 @@ from channels.whatsapp.parse import (
     Incoming,
     StatusReport,
     Unsupported,
-    parse,
+    parse_json,
 )
 from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
@@ -129,7 +128,7 @@ class WhatsAppAdapter:
             log.warning("WhatsApp notification with a bad signature", extra={"channel": CHANNEL})
             raise web.HTTPForbidden(text="bad signature")
         try:
-            events = parse(json.loads(raw), self._numbers, time.time())
+            events = parse_json(raw, self._numbers, time.time())
         except (ValueError, RecursionError, BadInput) as exc:
             reason = str(exc) if isinstance(exc, BadInput) else "body is not valid JSON"
             raise web.HTTPBadRequest(text=reason) from None
