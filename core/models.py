@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import quote, unquote
 
@@ -114,6 +114,14 @@ class SessionKey:
     account: str
     conversation: str
     thread: str | None = None
+    _text: str = field(init=False, repr=False, compare=False)  # str(key), made once
+
+    def __post_init__(self) -> None:
+        parts = [self.agent, self.channel, self.account, self.conversation]
+        if self.thread is not None:
+            parts.append(self.thread)
+        text = ":".join(p if _UNRESERVED(p) else quote(p, safe="") for p in parts)
+        object.__setattr__(self, "_text", text)
 
     @classmethod
     def for_message(cls, agent: str, msg: InboundMessage) -> SessionKey:
@@ -127,10 +135,7 @@ class SessionKey:
         return cls(*parts)
 
     def __str__(self) -> str:
-        parts = [self.agent, self.channel, self.account, self.conversation]
-        if self.thread is not None:
-            parts.append(self.thread)
-        return ":".join(p if _UNRESERVED(p) else quote(p, safe="") for p in parts)
+        return self._text
 
 
 _UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch  # what quote(safe="") leaves as is

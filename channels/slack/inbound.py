@@ -41,7 +41,7 @@ from channels.slack.identity import BotIdentity
 from channels.slack.parse import Incoming, parse_action, parse_command, parse_event
 from channels.slack.settings import SlackSettings
 from core.errors import StoreError
-from core.models import InboundMessage
+from core.models import Attachment, InboundMessage
 
 __all__ = ["Inbound"]
 
@@ -184,8 +184,10 @@ class Inbound:
         key = self._ctx.session_key(msg)
         extra = {"session": str(key), "channel": key.channel}
         try:
-            files = [self._downloader.fetch(key, ref) for ref in incoming.files]
-            attachments = tuple(await asyncio.gather(*files))
+            attachments: tuple[Attachment, ...] = ()
+            if incoming.files:
+                files = [self._downloader.fetch(key, ref) for ref in incoming.files]
+                attachments = tuple(await asyncio.gather(*files))
             if before is not None:
                 await asyncio.wait([before])
             if incoming.needs_joined_thread and not await self._in_thread(msg):
