@@ -750,3 +750,26 @@ async def test_queue_depth_counts_pending_messages(store: Store) -> None:
     await store.put_inbound(S1, msg(text="a"), 10)
     await store.put_inbound(S2, msg(text="b", conversation="bob"), 10)
     assert await store.queue_depth() == 2
+
+
+async def test_postgres_gives_connections_back_without_a_reset_round_trip(pg_url: str) -> None:
+    """One store call is one round trip: no UNLISTEN/RESET ALL on release. An unfinished
+    transaction is still rolled back before the connection is reused."""
+    store = PostgresStore(pg_url, min_size=1, max_size=1)
+    await store.start()
+    try:
+        assert store._pool is not None
+        sent: list[str] = []
+        async with store._pool.acquire() as conn:
+            conn.add_query_logger(lambda record: sent.append(record.query))
+        await store.put_inbound(S1, msg(text="one trip"), 10)
+        await store.pending(S1)
+        assert len(sent) == 2  # the put and the read, nothing else
+        assert not [q for q in sent if "RESET" in q or "UNLISTEN" in q]
+
+        async with store._pool.acquire() as conn:
+            await conn.execute("BEGIN")
+            await conn.execute("UPDATE inbox SET status = 'held'")
+        assert [i.message.text for i in await store.pending(S1)] == ["one trip"]
+    finally:
+        await store.aclose()

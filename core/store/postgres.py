@@ -63,7 +63,7 @@ class PostgresStore:
         self._closed = False
         try:
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=self._min, max_size=self._max
+                self._dsn, min_size=self._min, max_size=self._max, reset=_no_session_state
             )
             async with self._pool.acquire() as c, c.transaction():
                 await c.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
@@ -521,6 +521,13 @@ class PostgresStore:
                 session,
                 owner,
             )
+
+
+async def _no_session_state(conn: asyncpg.Connection) -> None:
+    """A pooled connection goes back as it is. The store leaves no session state on one (no
+    SET, LISTEN, session advisory lock or open cursor: the listener has its own connection),
+    so asyncpg's default reset (UNLISTEN *, RESET ALL, ...) would be a round trip per store
+    call for nothing; an unfinished transaction is still rolled back by asyncpg itself."""
 
 
 class _Refused(Exception):
