@@ -9,7 +9,8 @@ writer, on two more connections:
   a few microseconds, and handing each to a thread cost several times that in CPU;
 - reads that may scan (listings, counts, transcripts), and any lookup SQLite would make wait,
   run on a reader thread.
-Each connection lives on a single thread for its whole life, as sqlite3 wants.
+The writer's and the reader's connections each live on a single thread for their whole life;
+the loop's is only ever used by the event loop.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ class SqliteStore:
             await self._writer.call(_migrate)
             if self._reader is not self._writer:
                 await self._reader.open(self._path)
-                self._local = _connect(self._path, wait_ms=0)
+                # used only from the event loop, whichever thread runs it (one at a time)
+                self._local = _connect(self._path, wait_ms=0, any_thread=True)
         except (sqlite3.Error, OSError) as exc:
             await self._close_connections()
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
@@ -679,8 +681,8 @@ def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = Tru
     return results
 
 
-def _connect(path: str, wait_ms: int = 5000) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
+def _connect(path: str, wait_ms: int = 5000, any_thread: bool = False) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=not any_thread)
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
