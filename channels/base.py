@@ -35,7 +35,13 @@ __all__ = [
 
 OK_BODY = b'{"ok":true}'  # a webhook's 200 answer, encoded once
 
-Submit = Callable[[InboundMessage], Awaitable[PutResult]]
+
+class Submit(Protocol):
+    def __call__(
+        self, msg: InboundMessage, key: SessionKey | None = None
+    ) -> Awaitable[PutResult]: ...
+
+
 Notify = Callable[[SessionKey, str], Awaitable[None]]
 KeyFor = Callable[[str, str, str, str | None], SessionKey]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -86,11 +92,12 @@ class ChannelContext:
         """Connect to the session manager (it is built after the adapters)."""
         self._submit, self._notify, self._key_for = submit, notify, key_for
 
-    async def submit(self, msg: InboundMessage) -> PutResult:
-        """Store the message durably (deduped) and wake its session; returns once stored."""
+    async def submit(self, msg: InboundMessage, key: SessionKey | None = None) -> PutResult:
+        """Store the message durably (deduped) and wake its session; returns once stored.
+        `key`: the message's `session_key`, when the adapter has it already."""
         if self._submit is None:
             raise RuntimeError("channel context used before the session manager was bound")
-        return await self._submit(msg)
+        return await self._submit(msg, key)
 
     async def notify(self, key: SessionKey, text: str) -> None:
         """Tell the person something outside any run (stored, then delivered in order)."""

@@ -142,9 +142,11 @@ class SessionManager:
         agent = self.router.agent_for(channel, account, conversation)
         return SessionKey(agent, channel, account, conversation, thread)
 
-    async def submit(self, msg: InboundMessage) -> PutResult:
-        """Store the message durably, then wake its session. Returns once it is stored."""
-        key = self.session_key(msg.channel, msg.account, msg.conversation, msg.thread)
+    async def submit(self, msg: InboundMessage, key: SessionKey | None = None) -> PutResult:
+        """Store the message durably, then wake its session. Returns once it is stored.
+        `key`: the message's `session_key`, when the caller has it already."""
+        if key is None:
+            key = self.session_key(msg.channel, msg.account, msg.conversation, msg.thread)
         verdict = await self.access.check(msg)
         if not verdict.store:
             result = PutResult(0, InboxStatus.REFUSED)

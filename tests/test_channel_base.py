@@ -27,7 +27,7 @@ async def test_context_refuses_to_submit_before_binding(store: SqliteStore, tmp_
         raise AssertionError("not expected")
 
     ctx.bind(
-        lambda m: store.put_inbound(str(ctx.session_key(m)), m, 10),
+        lambda m, key=None: store.put_inbound(str(key or ctx.session_key(m)), m, 10),
         notify,
         lambda ch, acc, conv, thread: SessionKey("default", ch, acc, conv, thread),
     )

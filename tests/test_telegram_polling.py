@@ -98,7 +98,8 @@ async def test_the_offset_moves_past_an_update_only_once_it_is_stored(
     stored: list[str] = []
     offsets_when_stored: list[list[int]] = []
 
-    async def submit(msg: InboundMessage) -> PutResult:
+    async def submit(msg: InboundMessage, key: SessionKey | None = None) -> PutResult:
+        assert key == key_for(msg)  # the adapter hands over the key it made
         if not stored:
             stored.append("refused")
             raise StoreError("database is locked")

@@ -196,7 +196,7 @@ class Inbound:
                 await self._join_thread(msg)
             if attachments:
                 msg = msg.model_copy(update={"attachments": attachments})
-            await self._ctx.submit(msg)
+            await self._ctx.submit(msg, key)
         except StoreError as exc:
             log.error("slack message not stored: %s", exc, extra=extra)
             return False

@@ -154,7 +154,7 @@ class TelegramAdapter:
                 timeout_s=media_timeout_s,
             )
             msg = msg.model_copy(update={"attachments": attachments})
-        result = await self._ctx.submit(msg)
+        result = await self._ctx.submit(msg, key)
         extra = {"session": str(key), "channel": CHANNEL}
         if result.status is InboxStatus.DUPLICATE:
             log.info("update %s was already stored", msg.platform_id, extra=extra)

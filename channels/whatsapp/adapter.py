@@ -138,8 +138,9 @@ class WhatsAppAdapter:
             if isinstance(e, Incoming) and _rid(e.message) not in self._recent
         ]
         for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
-            session = str(self._key(msg))
-            stored = await self._ctx.submit(await self._menu_choice(msg, session))
+            key = self._key(msg)
+            session = str(key)
+            stored = await self._ctx.submit(await self._menu_choice(msg, session), key)
             self._recent[_rid(msg)] = None
             if stored.status is not InboxStatus.REFUSED:
                 self._sender.heard(session, msg.received_at)
