@@ -248,6 +248,7 @@ class Result:
     series: dict[str, Any] = field(default_factory=dict)  # for the plot
     notes: list[str] = field(default_factory=list)  # settings, sizes, durations
     profiles: dict[str, str] = field(default_factory=dict)  # name -> function-level summary
+    facts: dict[str, str] = field(default_factory=dict)  # the machine and commit it ran on
 
     def add(self, case: str, metric: str, value: float, unit: str, **kw: Any) -> Row:
         row = Row(self.bench, case, metric, value, unit, **kw)
@@ -261,6 +262,7 @@ class Result:
             "series": self.series,
             "notes": self.notes,
             "profiles": self.profiles,
+            "facts": self.facts,
         }
 
     @classmethod
@@ -271,6 +273,7 @@ class Result:
             data.get("series", {}),
             data.get("notes", []),
             data.get("profiles", {}),
+            data.get("facts", {}),
         )
 
     def save(self, folder: Path) -> Path:

@@ -73,6 +73,7 @@ def run_all(
             failed.append(name)
             continue
         result.notes.append(f"{name} took {time.monotonic() - t0:.0f} s")
+        result.facts = facts
         result.save(out / "last")
         result.print()
         results.append(result)
@@ -116,8 +117,10 @@ def _render(out: Path, stamp: str | None) -> int:
     png = out / f"{stamp}.png"
     drawn = plot(results, png)
     intro = INTRO + " Sizes: the defaults (not `--full`)."
-    facts = machine_facts()
-    facts["date"] = f"{stamp} (rendered again {facts['date']})"
+    now = machine_facts()
+    # the facts of the run itself (its commit, its date) when the results carry them
+    facts = next((r.facts for r in results if r.facts), now)
+    facts["date"] = f"{facts['date']} (rendered again {now['date']})"
     (out / f"{stamp}.md").write_text(
         markdown(results, facts, png.name if drawn else None, intro, _findings(out, stamp))
     )
