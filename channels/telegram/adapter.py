@@ -23,7 +23,7 @@ import httpx
 from aiohttp import web
 from pydantic import ValidationError
 
-from channels.base import OK_BODY, ChannelContext
+from channels.base import ChannelContext, webhook_ok
 from channels.telegram.client import TelegramClient
 from channels.telegram.live import Live
 from channels.telegram.media import fetch_all
@@ -87,7 +87,7 @@ class TelegramAdapter:
         except ValidationError as exc:
             return web.json_response({"error": _reason(exc)}, status=400)
         await self._accept(update, self._section.media_timeout_s)
-        return web.Response(body=OK_BODY, content_type="application/json")
+        return webhook_ok()
 
     # Lifecycle
 

@@ -21,7 +21,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import OK_BODY, BadInput, ChannelContext
+from channels.base import BadInput, ChannelContext, sole_writer_memory, webhook_ok
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus
@@ -37,7 +37,6 @@ from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
-from core.policies import NotifyingStore
 from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "WhatsAppAdapter"]
@@ -82,9 +81,7 @@ class WhatsAppAdapter:
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
         # session → its newest stored message, for the read receipt; only when this process is
         # the store's only writer (else another replica may hold a newer one: ask the store)
-        self._newest: LRUCache[str, str] | None = (
-            None if isinstance(ctx.store, NotifyingStore) else LRUCache(RECENT_MAX)
-        )
+        self._newest: LRUCache[str, str] | None = sole_writer_memory(ctx.store, RECENT_MAX)
 
     # HttpRoutes and Lifecycle
 
@@ -151,7 +148,7 @@ class WhatsAppAdapter:
                 await self._unsupported(event)
             elif isinstance(event, StatusReport):
                 await self._status(event)
-        return web.Response(body=OK_BODY, content_type="application/json")
+        return webhook_ok()
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:
         """A typed number or title answering the text menu we last sent becomes that button."""

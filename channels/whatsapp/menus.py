@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from cachetools import LRUCache
 
+from channels.base import sole_writer_memory
 from channels.whatsapp.outbound import Menu, menu_from_json, menu_to_json
-from core.policies import NotifyingStore
 from core.store import Store
 
 __all__ = ["KNOWN_MAX", "NS_MENU", "Menus"]
@@ -25,9 +25,7 @@ class Menus:
     def __init__(self, store: Store) -> None:
         self._store = store
         # session → its menu as the store has it; None: others write too, always ask the store
-        self._known: LRUCache[str, Menu] | None = (
-            None if isinstance(store, NotifyingStore) else LRUCache(KNOWN_MAX)
-        )
+        self._known: LRUCache[str, Menu] | None = sole_writer_memory(store, KNOWN_MAX)
         self._shown = 0  # counts show(): a store read that overlapped one is not remembered
 
     async def get(self, session: str) -> Menu:
