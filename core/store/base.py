@@ -23,6 +23,7 @@ __all__ = [
     "delivery_rank",
     "history_entries",
     "outbound_parts",
+    "replies_json",
     "run_json",
     "transcript_entries",
 ]
@@ -120,6 +121,11 @@ class RunRecord:
     error: str | None = None
     inbox_ids: list[int] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def replies_json(replies: list[Reply]) -> list[tuple[Reply, str]]:
+    """Each reply with its JSON, encoded once for both the history and the outbox."""
+    return [(reply, reply.model_dump_json()) for reply in replies]
 
 
 def run_json(run: RunRecord) -> tuple[str, str, str]:

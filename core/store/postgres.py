@@ -33,6 +33,7 @@ from core.store.base import (
     delivery_rank,
     history_entries,
     outbound_parts,
+    replies_json,
     run_json,
     transcript_entries,
 )
@@ -326,9 +327,10 @@ class PostgresStore:
                     run.id,
                     now,
                 )
-            await _insert_history(c, run.session, epoch, run.id, replies, now)
+            encoded = replies_json(replies)
+            await _insert_history(c, run.session, epoch, run.id, encoded, now)
             await _insert_run(c, run)
-            return await _insert_outbox(c, run.session, run.id, replies)
+            return await _insert_outbox(c, run.session, run.id, encoded)
 
     async def record_run(self, run: RunRecord) -> None:
         async with self._conn() as c:
@@ -337,8 +339,9 @@ class PostgresStore:
     async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
         async with self._conn(tx=True) as c:
             epoch = await c.fetchval("SELECT epoch FROM sessions WHERE key = $1", session)
-            await _insert_history(c, session, epoch or 0, None, replies, time.time())
-            return await _insert_outbox(c, session, None, replies)
+            encoded = replies_json(replies)
+            await _insert_history(c, session, epoch or 0, None, encoded, time.time())
+            return await _insert_outbox(c, session, None, encoded)
 
     async def outbox_pending(self, session: str) -> list[OutboundPart]:
         async with self._conn() as c:
@@ -541,17 +544,17 @@ async def _insert_history(
     session: str,
     epoch: int,
     run_id: str | None,
-    replies: list[Reply],
+    replies: list[tuple[Reply, str]],
     now: float,
 ) -> None:
-    for reply in replies:
+    for reply, encoded in replies:
         await c.execute(
             "INSERT INTO messages (session, epoch, role, content, reply, run_id, created_at)"
             " VALUES ($1, $2, 'assistant', $3, $4, $5, $6)",
             session,
             epoch,
             reply.text,
-            reply.model_dump_json(),
+            encoded,
             run_id,
             now,
         )
@@ -587,11 +590,12 @@ async def _insert_run(c: asyncpg.Connection, run: RunRecord) -> None:
 
 
 async def _insert_outbox(
-    c: asyncpg.Connection, session: str, run_id: str | None, replies: list[Reply]
+    c: asyncpg.Connection, session: str, run_id: str | None, replies: list[tuple[Reply, str]]
 ) -> list[OutboundPart]:
+    """Each (reply, its JSON) as the next outbox part of the run."""
     parts = []
     channel, now = SessionKey.parse(session).channel, time.time()
-    for seq, reply in enumerate(replies):
+    for seq, (reply, encoded) in enumerate(replies):
         part_id = await c.fetchval(
             "INSERT INTO outbox (session, channel, run_id, seq, reply, created_at)"
             " VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
@@ -599,7 +603,7 @@ async def _insert_outbox(
             channel,
             run_id,
             seq,
-            reply.model_dump_json(),
+            encoded,
             now,
         )
         parts.append(OutboundPart(id=part_id, session=session, run_id=run_id, seq=seq, reply=reply))

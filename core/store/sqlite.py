@@ -43,6 +43,7 @@ from core.store.base import (
     delivery_rank,
     history_entries,
     outbound_parts,
+    replies_json,
     run_json,
     transcript_entries,
 )
@@ -102,7 +103,7 @@ class SqliteStore:
         self._reader = self._writer if self._path == ":memory:" else _Db("sqlite-reader")
         self._local: sqlite3.Connection | None = None  # the event loop's, for lookups
         self._ops: deque[_Op] = deque()  # queued for the writer, oldest first
-        self._wake = asyncio.Event()  # set when there is something queued (or closing)
+        self._wake: asyncio.Event  # set when there is something queued (or closing); made by start
         self._closing = False
         self._task: asyncio.Task[None] | None = None
 
@@ -122,7 +123,7 @@ class SqliteStore:
             await self._close_connections()
             raise StoreError(f"cannot open SQLite store at {self._path}: {exc}") from exc
         self._closing = False
-        self._wake = asyncio.Event()  # of this loop: a store may start again in another
+        self._wake = asyncio.Event()  # of this loop: a closed store may start again in another
         self._task = asyncio.create_task(self._write_loop(), name="sqlite-writer")
 
     async def aclose(self) -> None:
@@ -395,7 +396,7 @@ class SqliteStore:
         replies: list[Reply],
         state: dict[str, Any] | None = None,
     ) -> list[OutboundPart]:
-        encoded = [(reply, reply.model_dump_json()) for reply in replies]
+        encoded = replies_json(replies)
 
         def op(c: sqlite3.Connection) -> list[OutboundPart]:
             row = _fetchone(
@@ -439,7 +440,7 @@ class SqliteStore:
         await self._write(op)
 
     async def enqueue_replies(self, session: str, replies: list[Reply]) -> list[OutboundPart]:
-        encoded = [(reply, reply.model_dump_json()) for reply in replies]
+        encoded = replies_json(replies)
 
         def op(c: sqlite3.Connection) -> list[OutboundPart]:
             row = _fetchone(c, "SELECT epoch FROM sessions WHERE key = ?", (session,))
