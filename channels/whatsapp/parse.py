@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 CHANNEL = "whatsapp"
 MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
+WABA = "whatsapp_business_account"  # the object of every notification we read
 IGNORED_TYPES = ("revoke", "system")  # a deleted message, a number change: nothing to answer
 
 
@@ -242,8 +243,8 @@ def parse_json(raw: bytes, numbers: frozenset[str], now: float) -> list[Event]:
         envelope = _WholeEnvelope.model_validate_json(raw, strict=True)
     except ValidationError:
         return parse(json.loads(raw), numbers, now)
-    if envelope.object != "whatsapp_business_account":
-        return parse(json.loads(raw), numbers, now)  # the same log line, the same []
+    if envelope.object != WABA:
+        return _not_ours(envelope.object)
     events: list[Event] = []
     for entry in envelope.entry:
         for change in entry.changes:
@@ -262,15 +263,19 @@ def parse(data: Any, numbers: frozenset[str], now: float) -> list[Event]:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "body"
         raise BadInput(f"{where}: {err['msg']}") from None
-    if envelope.object != "whatsapp_business_account":
-        log.info("ignoring a notification for object %r", envelope.object)
-        return []
+    if envelope.object != WABA:
+        return _not_ours(envelope.object)
     events: list[Event] = []
     for entry in envelope.entry:
         for change in entry.changes:
             if change.field == "messages":
                 events.extend(_change(change.value, numbers, now))
     return events
+
+
+def _not_ours(obj: str) -> list[Event]:
+    log.info("ignoring a notification for object %r", obj)
+    return []
 
 
 def _change(raw: Any, numbers: frozenset[str], now: float) -> list[Event]:
