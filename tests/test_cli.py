@@ -295,7 +295,7 @@ def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     assert_no_traceback(proc)
 
 
-async def test_a_started_gateway_freezes_its_startup_heap() -> None:
+async def test_settling_the_heap_freezes_what_startup_built() -> None:
     before = gc.get_threshold()
     try:
         await settle_heap()

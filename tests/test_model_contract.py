@@ -152,24 +152,6 @@ async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
         await close()
 
 
-@pytest_asyncio.fixture(params=FAILING)
-async def failing(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    h = await _harness(request.param)
-    yield h
-    await h.client.aclose()
-    for close in h.closers:
-        await close()
-
-
-@pytest_asyncio.fixture(params=HTTP)
-async def http(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
-    h = await _harness(request.param)
-    yield h
-    await h.client.aclose()
-    for close in h.closers:
-        await close()
-
-
 def _request(
     *extra: ChatMessage, tools: tuple[ToolSpec, ...] = (SEARCH_SPEC,), **kw: Any
 ) -> ModelRequest:
@@ -253,16 +235,17 @@ async def test_tool_choice_none_yields_text(harness: Harness) -> None:
     assert r.finish_reason == "stop"
 
 
-async def test_every_call_declares_its_own_tool_set(http: Harness) -> None:
+@pytest.mark.parametrize("harness", HTTP, indirect=True)
+async def test_every_call_declares_its_own_tool_set(harness: Harness) -> None:
     """The tools' JSON is encoded once per tool set; every body still carries the set it was
     asked with, whole, and a new set (even a new tuple of the same length) is its own."""
-    fake = http.openai or http.anthropic
+    fake = harness.openai or harness.anthropic
     assert fake is not None
     other = ToolSpec("get_time", "The time now.", {"type": "object", "properties": {}})
     sets = [(SEARCH_SPEC,), (SEARCH_SPEC,), (other,), (SEARCH_SPEC, other), (SEARCH_SPEC,)]
     shown = []
     for tools in sets:
-        await http.client.complete(_request(ChatMessage("user", "hi"), tools=tools))
+        await harness.client.complete(_request(ChatMessage("user", "hi"), tools=tools))
         body = fake.requests[-1]
         assert body["messages"][-1]["content"] in ("hi", [{"type": "text", "text": "hi"}])
         shown.append([t.get("name") or t["function"]["name"] for t in body["tools"]])
@@ -271,10 +254,11 @@ async def test_every_call_declares_its_own_tool_set(http: Harness) -> None:
 
 
 @pytest.mark.parametrize("kind", ["refused", "broken"])
-async def test_failures_are_model_errors(failing: Harness, kind: str) -> None:
-    failing.fail(kind)
+@pytest.mark.parametrize("harness", FAILING, indirect=True)
+async def test_failures_are_model_errors(harness: Harness, kind: str) -> None:
+    harness.fail(kind)
     with pytest.raises(ModelError):
-        await failing.client.complete(_request(ChatMessage("user", QUESTION)))
+        await harness.client.complete(_request(ChatMessage("user", QUESTION)))
 
 
 async def test_aclose_can_be_called_twice(harness: Harness) -> None:
