@@ -95,7 +95,7 @@ async def run(opts: Options) -> Result:
             for c in range(n):
                 queue.put_nowait(c)
             connector = aiohttp.TCPConnector(limit=opts.senders)
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), gw.proc.cpu_s()
             async with aiohttp.ClientSession(connector=connector) as http:
 
                 async def sender() -> None:
@@ -121,6 +121,7 @@ async def run(opts: Options) -> Result:
                 except TimeoutError:
                     result.notes.append(f"WARNING concurrency: timed out after {opts.timeout_s}s")
             elapsed = (last[0] or time.perf_counter()) - t0
+            cpu_s = gw.proc.cpu_s() - cpu0
             sampler.cancel()
             peak_rss = max(peak[0], gw.proc.peak_rss_mb())
             answered = platform.answered
@@ -177,7 +178,10 @@ async def run(opts: Options) -> Result:
     result.notes.append(
         f"concurrency: all {total:,} webhooks acknowledged after {ingested:.1f} s ({errors} "
         f"retried); {answered:,} answers, last at {elapsed:.1f} s; most model calls at once "
-        f"{max_model}; gateway RSS idle {idle_rss:.0f} MB, peak {peak_rss:.0f} MB"
+        f"{max_model}; gateway RSS idle {idle_rss:.0f} MB, peak {peak_rss:.0f} MB; gateway CPU "
+        f"{cpu_s:.1f} s ({1000 * cpu_s / max(answered, 1):.2f} ms per message, webhook "
+        f"included; busy {100 * cpu_s / max(elapsed, 1e-9):.0f} % of the wall time: 100 % "
+        "means its core was the limit, not the cap)"
     )
     return result
 

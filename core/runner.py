@@ -50,6 +50,8 @@ class SessionRunner:
         self.turn_task: asyncio.Task[RunOutcome] | None = None
         self.committing = False
         self.lease_lost = False
+        self.holding = False  # the lease is held: from acquire to release
+        self.lease_term = 0  # one more each time the lease is acquired
         self.batch_ids: set[int] = set()
         self.batch_texts: list[str] = []
         self.run: RunRecord | None = None
@@ -79,11 +81,12 @@ class SessionRunner:
                     if not await self._acquire():
                         log.info("session %s is leased elsewhere; leaving it", self.skey)
                         return
-                    beat = asyncio.create_task(self._heartbeat())
+                    self.lease_term += 1
+                    self.holding = True  # the manager's heartbeat renews it from now on
                     try:
                         await self._work()
                     finally:
-                        beat.cancel()
+                        self.holding = False
                         with contextlib.suppress(StoreError):
                             release = self.mgr.store.release_lease(self.skey, self.mgr.owner)
                             await asyncio.shield(release)
@@ -116,20 +119,12 @@ class SessionRunner:
         self.lease_lost = not acquired
         return acquired
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await asyncio.sleep(self.policy.lease_ttl_s / 3)
-            try:
-                held = await self.mgr.store.renew_lease(
-                    self.skey, self.mgr.owner, self.policy.lease_ttl_s
-                )
-            except StoreError:
-                continue
-            if not held:
-                self.lease_lost = True
-                if self.turn_task is not None and not self.committing:
-                    self.turn_task.cancel()
-                return
+    def lose_lease(self) -> None:
+        """The lease is gone (expired and taken by another replica): stop the run unless it is
+        already committing (the commit is fenced by the store and fails cleanly)."""
+        self.lease_lost = True
+        if self.turn_task is not None and not self.committing:
+            self.turn_task.cancel()
 
     async def _fence(self) -> None:
         """Before each model call: extend the lease, or stop the run. The heartbeat alone can

@@ -85,6 +85,7 @@ class SessionManager:
         self._idle = asyncio.Event()
         self._idle.set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def start(self, *, sweep_interval_s: float = 5.0) -> None:
         """Resume sessions with unanswered messages or undelivered replies, listen for
@@ -94,6 +95,8 @@ class SessionManager:
             await self.store.listen(self._remote_arrival)
         await self._sweep()
         self._sweeper = asyncio.create_task(self._sweep_forever(sweep_interval_s))
+        ttls = [p.policy.lease_ttl_s for p in self.agents.values()]
+        self._heartbeat = asyncio.create_task(self._renew_forever(min(ttls, default=15.0) / 3))
 
     async def _sweep(self) -> None:
         for skey in await self.store.sessions_with_work():
@@ -112,6 +115,31 @@ class SessionManager:
                 await self._sweep()
             except StoreError as exc:
                 log.warning("sweep failed: %s", exc)
+
+    async def _renew_forever(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.renew_leases()
+
+    async def renew_leases(self) -> None:
+        """Renew every lease this replica's runners hold, in one store call per lease ttl (not
+        one per runner: 10,000 sessions queued behind the cap made 2,000 writes a second), and
+        stop the runners whose lease is gone. A store error leaves them be: a lease that
+        expires meanwhile is caught by the fence before the next model call, and by the commit."""
+        terms: dict[float, list[tuple[SessionRunner, int]]] = {}
+        for runner in self._runners.values():
+            if runner.holding:
+                terms.setdefault(runner.policy.lease_ttl_s, []).append((runner, runner.lease_term))
+        for ttl, held in terms.items():
+            try:
+                kept = await self.store.renew_leases([r.skey for r, _ in held], self.owner, ttl)
+            except StoreError as exc:
+                log.warning("renewing %d lease(s) failed: %s", len(held), exc)
+                continue
+            for runner, term in held:
+                # released (and maybe taken again) while the renewal ran: not lost
+                if runner.skey not in kept and runner.holding and runner.lease_term == term:
+                    runner.lose_lease()
 
     def _remote_arrival(self, skey: str) -> None:
         try:
@@ -134,6 +162,9 @@ class SessionManager:
             for t in late:
                 t.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        if self._heartbeat is not None:  # after the runs: they hold their leases to the end
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
 
     def session_key(
         self, channel: str, account: str, conversation: str, thread: str | None = None

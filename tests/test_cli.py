@@ -14,8 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiohttp import web
 
 from core.sessions import RESET_REPLY
+from gateway import cli as cli_module
 from gateway.cli import GC_YOUNG_THRESHOLD, settle_heap
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -304,3 +306,14 @@ async def test_settling_the_heap_freezes_what_startup_built() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_run_settles_the_heap_once_everything_else_has_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served: list[web.Application] = []
+    monkeypatch.setattr(cli_module.web, "run_app", lambda app, **_: served.append(app))
+    config = good_config(tmp_path, free_port())
+    assert cli_module.main(["run", "--config", str(config)]) == 0
+    (app,) = served
+    assert list(app.on_startup)[-1] is settle_heap  # after the runtime and the channels

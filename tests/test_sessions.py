@@ -132,6 +132,7 @@ async def make_rig(
         tool_first: bool = False,
         model: EchoModel | None = None,
         outlet: RecordingOutlet | None = None,
+        lease_ttl_s: float = 15.0,
     ) -> Rig:
         model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
         outlet = outlet or RecordingOutlet()
@@ -140,7 +141,12 @@ async def make_rig(
             name="default",
             instructions="test agent",
             loop=loop,
-            policy=SessionPolicy(queue_mode=mode, max_pending=max_pending, debounce_s=debounce_s),
+            policy=SessionPolicy(
+                queue_mode=mode,
+                max_pending=max_pending,
+                debounce_s=debounce_s,
+                lease_ttl_s=lease_ttl_s,
+            ),
         )
         manager = SessionManager(
             store,
@@ -461,6 +467,36 @@ async def test_restart_delivers_committed_but_unsent_parts_once(
     assert rig.outlet.texts(key("O")) == ["crashed before sending"]
     assert await store.outbox_pending(skey) == []
     assert unsent.id > sent_before.id
+
+
+async def test_a_run_longer_than_its_lease_ttl_keeps_the_lease(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    rig: Rig = await make_rig(lease_ttl_s=0.3, delay_s=1.0)  # renewed every 0.1 s
+    skey = str(key("K"))
+    await rig.manager.submit(msg("slow one", "K"))
+    await asyncio.sleep(0.7)  # more than twice the ttl into the model call
+    assert not await store.acquire_lease(skey, "other-replica", 30.0)
+    await settle(rig)
+    assert rig.outlet.texts(key("K")) == ["echo: slow one"]
+    assert await store.acquire_lease(skey, "other-replica", 30.0)  # released at the end
+
+
+async def test_a_lease_taken_mid_run_stops_the_run_at_the_next_heartbeat(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    rig: Rig = await make_rig(lease_ttl_s=0.3, delay_s=60.0)
+    skey = str(key("T"))
+    await rig.manager.submit(msg("hello", "T"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    await store.release_lease(skey, rig.manager.owner)  # as if it expired and was taken
+    assert await store.acquire_lease(skey, "other-replica", 30.0)
+    await asyncio.wait_for(rig.manager.wait_idle(), 5.0)  # not the model's 60 s
+    assert rig.outlet.texts(key("T")) == []
+    assert [i.message.text for i in await store.pending(skey)] == ["hello"]
+    assert ("discarded", key("T")) in [(e[0], e[1]) for e in rig.outlet.events]
+    assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
 
 
 async def test_a_run_whose_lease_was_taken_makes_no_further_model_call(

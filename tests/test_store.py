@@ -290,6 +290,22 @@ async def test_lease_acquire_renew_release(store: Store) -> None:
     assert await store.acquire_lease(S2, "a", 30.0)
 
 
+async def test_leases_renew_together_only_where_still_held(store: Store) -> None:
+    s3 = "default:web:default:carol"
+    for s in (S1, S2, s3):
+        assert await store.acquire_lease(s, "a", 0.3)
+    await store.release_lease(S2, "a")  # released: not renewed, not taken back
+    await store.release_lease(s3, "a")
+    assert await store.acquire_lease(s3, "b", 30.0)  # taken by another replica
+    never = "default:web:default:never-leased"
+    assert await store.renew_leases([S1, S2, s3, never], "a", 30.0) == {S1}
+    assert await store.renew_leases([], "a", 30.0) == set()
+    await asyncio.sleep(0.4)  # past the first ttl: S1 is still held by the renewal
+    assert not await store.acquire_lease(S1, "b", 30.0)
+    assert await store.acquire_lease(S2, "b", 30.0)
+    assert not await store.acquire_lease(s3, "a", 30.0)
+
+
 async def test_lease_can_be_taken_over_after_expiry(store: Store) -> None:
     assert await store.acquire_lease(S1, "a", 0.05)
     assert not await store.acquire_lease(S1, "b", 0.05)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -300,5 +301,9 @@ class Store(Protocol):
     async def acquire_lease(self, session: str, owner: str, ttl: float) -> bool: ...
 
     async def renew_lease(self, session: str, owner: str, ttl: float) -> bool: ...
+
+    async def renew_leases(self, sessions: Sequence[str], owner: str, ttl: float) -> set[str]:
+        """Renew, in one statement, those of `sessions` whose lease `owner` still holds;
+        returns them (the rest were released, expired and taken, or never held)."""
 
     async def release_lease(self, session: str, owner: str) -> None: ...

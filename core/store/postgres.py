@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -515,6 +515,19 @@ class PostgresStore:
                 owner,
             )
         return not result.endswith(" 0")
+
+    async def renew_leases(self, sessions: Sequence[str], owner: str, ttl: float) -> set[str]:
+        if not sessions:
+            return set()
+        async with self._conn() as c:
+            rows = await c.fetch(
+                f"UPDATE sessions SET lease_until = {NOW} + $1"
+                " WHERE lease_owner = $2 AND key = ANY($3::text[]) RETURNING key",
+                ttl,
+                owner,
+                list(sessions),
+            )
+        return {row[0] for row in rows}
 
     async def release_lease(self, session: str, owner: str) -> None:
         async with self._conn() as c:

@@ -22,7 +22,7 @@ import logging
 import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -631,6 +631,22 @@ class SqliteStore:
             return cur.rowcount > 0
 
         renewed: bool = await self._write(op, durable=False)
+        return renewed
+
+    async def renew_leases(self, sessions: Sequence[str], owner: str, ttl: float) -> set[str]:
+        if not sessions:
+            return set()
+        keys = json.dumps(list(sessions))
+
+        def op(c: sqlite3.Connection) -> set[str]:
+            rows = c.execute(
+                "UPDATE sessions SET lease_until = ? WHERE lease_owner = ?"
+                " AND key IN (SELECT value FROM json_each(?)) RETURNING key",
+                (time.time() + ttl, owner, keys),
+            ).fetchall()
+            return {row[0] for row in rows}
+
+        renewed: set[str] = await self._write(op, durable=False)
         return renewed
 
     async def release_lease(self, session: str, owner: str) -> None:
