@@ -59,7 +59,7 @@ class Console:
         self.delivered += 1
         return None
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         self._streamed[run_id] = ""
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:

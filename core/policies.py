@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from core.agent.loop import AgentLoop, Limits
-from core.models import SessionKey
+from core.models import InboundMessage, SessionKey
 from core.store.base import Quota
 
 __all__ = [
@@ -45,7 +45,8 @@ class QueueMode(StrEnum):
 class LiveOutlet(Protocol):
     """Optional: live feedback while a run is in progress (typing, streamed text)."""
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None: ...
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
+        """A run starts; `newest` is the newest message it answers (mark it read, quote it)."""
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None: ...
 

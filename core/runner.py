@@ -225,7 +225,7 @@ class SessionRunner:
                 return
         live = self._live()
         if live is not None:
-            await _quietly(live.run_started(self.key, run.id), self.skey)
+            await _quietly(live.run_started(self.key, run.id, batch[-1].message), self.skey)
         tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
         async def emit(event: AgentEvent) -> None:

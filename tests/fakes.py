@@ -10,7 +10,7 @@ from typing import Any
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from core.errors import ChannelError
-from core.models import OutboundPart, SessionKey
+from core.models import InboundMessage, OutboundPart, SessionKey
 
 __all__ = ["RecordingOutlet", "ScriptedModel", "calls", "text"]
 
@@ -72,6 +72,7 @@ class RecordingOutlet:
 
     sent: list[tuple[SessionKey, OutboundPart]] = field(default_factory=list)
     events: list[tuple[str, SessionKey, str]] = field(default_factory=list)
+    newest: list[str] = field(default_factory=list)  # per run started: its newest message
     fail_with: deque[ChannelError] = field(default_factory=deque)
     name: str = "test"
     output_rules: str = ""
@@ -82,8 +83,9 @@ class RecordingOutlet:
         self.sent.append((key, part))
         return f"p{part.id}"
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         self.events.append(("started", key, run_id))
+        self.newest.append(newest.platform_id)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         self.events.append(("delta", key, text))

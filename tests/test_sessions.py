@@ -409,6 +409,27 @@ async def test_live_events_stream_and_end(make_rig: Callable[..., Any]) -> None:
     assert kinds == ["started", "delta", "ended"]
 
 
+@pytest.mark.parametrize(
+    ("mode", "runs"),
+    [(QueueMode.COLLECT, [["m0"], ["m1", "m2", "m3"]]), (QueueMode.FOLLOWUP, [["m0"], ["m1"]])],
+)
+async def test_a_run_starts_with_the_newest_message_it_answers(
+    make_rig: Callable[..., Any], mode: QueueMode, runs: list[list[str]]
+) -> None:
+    """What a channel marks read (WhatsApp) or quotes (Telegram groups): the batch's newest,
+    not whatever arrived after the batch was taken."""
+    rig: Rig = await make_rig(mode=mode, delay_s=0.3)
+    await rig.manager.submit(msg("m0", pid="m0"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    for i in (1, 2, 3):  # arrive while m0 is answered
+        await rig.manager.submit(msg(f"m{i}", pid=f"m{i}"))
+    while len(rig.outlet.newest) < len(runs):
+        await asyncio.sleep(0.01)
+    assert rig.outlet.newest == [batch[-1] for batch in runs]
+    await settle(rig)
+
+
 async def test_shutdown_leaves_unfinished_work_pending(
     store: SqliteStore, make_rig: Callable[..., Any]
 ) -> None:

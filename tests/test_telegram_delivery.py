@@ -17,7 +17,7 @@ from channels.telegram.live import Live
 from channels.telegram.markdown import render
 from channels.telegram.rich import MAX_UNITS
 from channels.telegram.settings import TelegramSettings
-from core.models import SessionKey
+from core.models import InboundMessage, Sender, SessionKey
 from core.store import SqliteStore
 from tests.fake_openai import FakeOpenAI, Text, last_user_text
 from tests.fake_telegram import (
@@ -288,9 +288,17 @@ async def test_a_restart_between_preview_and_reply_still_replaces_the_preview(
     await store.start()
     client = TelegramClient(TelegramSettings(enabled=True, token=tg.token, api_base=tg.url))
     key = SessionKey("default", "telegram", "123456789", str(GROUP["id"]))
+    asking = InboundMessage(
+        channel="telegram",
+        account="123456789",
+        conversation=str(GROUP["id"]),
+        sender=Sender(id=str(ANA.id)),
+        text="@bot what now?",
+        platform_id="1001:77",
+    )
     try:
         before = Live(client, store, streaming=True)
-        await before.run_started(key, "run1")
+        await before.run_started(key, "run1", asking)
         await before.run_delta(key, "run1", "partial **answer**")
         await until(lambda: len(tg.in_chat(GROUP["id"])) == 1)
         await before.aclose()  # the process dies here, before run_ended and the final send

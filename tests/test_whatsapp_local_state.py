@@ -1,7 +1,6 @@
 """What the WhatsApp channel keeps in memory to spare the store a read, and the store still
 answers for: open text menus (known in memory when this process is the store's only writer),
-the 24-hour window (open while this process has just heard from the customer), and the
-message the read receipt names (the newest stored here, else the store's)."""
+and the 24-hour window (open while this process has just heard from the customer)."""
 
 from __future__ import annotations
 
@@ -13,13 +12,11 @@ from typing import Any
 import pytest
 
 from channels.base import ChannelContext
-from channels.whatsapp.adapter import WhatsAppAdapter
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.menus import NS_MENU, Menus
 from channels.whatsapp.sender import Sender
 from channels.whatsapp.settings import WhatsAppSettings
-from core.models import InboundMessage, SessionKey
-from core.models import Sender as Person
+from core.models import SessionKey
 from core.policies import NotifyingStore
 from core.store import Store
 
@@ -110,29 +107,6 @@ async def test_a_message_heard_here_opens_the_window_without_a_store_read(
     assert not await sender.window_open(stale)
     assert counted.reads == 2  # its last stored message, then the "seen" mark
     await graph.aclose()
-
-
-async def test_the_read_receipt_names_a_message_stored_before_this_process_started(
-    store: Store, tmp_path: Path
-) -> None:
-    settings = WhatsAppSettings(
-        access_token="token", app_secret="secret", verify_token="verify", phone_number_id="100"
-    )
-    adapter = WhatsAppAdapter(settings, ChannelContext(store=store, files_dir=tmp_path))
-    marked: list[str] = []
-    adapter._mark_read = lambda key, wamid: marked.append(wamid)  # type: ignore[method-assign]
-    waiting = InboundMessage(
-        channel="whatsapp",
-        account="100",
-        conversation="111",
-        sender=Person(id="111"),
-        text="still there?",
-        platform_id="wamid.BEFORE",
-    )
-    await store.put_inbound(S1, waiting, 10)
-    await adapter.run_started(SessionKey.parse(S1), "run-1")  # nothing heard here yet
-    assert marked == ["wamid.BEFORE"]
-    await adapter.aclose()
 
 
 class SlowReads(CountingReads):

@@ -19,7 +19,7 @@ from channels.slack.live import Live, Preview
 from channels.slack.settings import SlackSettings
 from channels.slack.socket import SocketMode
 from core.errors import ChannelError
-from core.models import OutboundPart, Reply, SessionKey
+from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 
 __all__ = ["OUTPUT_RULES", "ROUTE", "SlackAdapter"]
 
@@ -144,7 +144,7 @@ class SlackAdapter:
 
     # LiveOutlet
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         await self.live.started(key, run_id)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:

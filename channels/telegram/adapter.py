@@ -31,7 +31,7 @@ from channels.telegram.outbound import CALLBACK_NS, CALLBACK_PREFIX, Delivery
 from channels.telegram.parse import Identity, Incoming, ParseOptions, Update, normalize
 from channels.telegram.settings import TelegramSettings
 from core.errors import ChannelError
-from core.models import MessageKind, OutboundPart, SessionKey
+from core.models import InboundMessage, OutboundPart, SessionKey
 from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "TelegramAdapter"]
@@ -113,9 +113,9 @@ class TelegramAdapter:
             raise ChannelError("the Telegram channel is closed", retryable=True, retry_after=60)
         return await self._delivery.send(key, part)
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         if not self._closed:
-            await self._live.run_started(key, run_id)
+            await self._live.run_started(key, run_id, newest)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         if not self._closed:
@@ -163,9 +163,6 @@ class TelegramAdapter:
                     with contextlib.suppress(OSError):
                         await asyncio.to_thread(Path(a.path).unlink)
             return
-        mid = msg.platform_id.partition(":")[2]
-        if mid.isdigit() and msg.kind is not MessageKind.BUTTON:
-            self._live.heard(str(key), int(mid))
 
     async def _answer(self, query_id: str) -> None:
         bot = self._client.bot

@@ -23,8 +23,9 @@ from telegram.constants import ChatAction, ParseMode
 
 from channels.telegram.client import BLOCKED, TelegramClient
 from channels.telegram.markdown import render
+from channels.telegram.parse import message_id_of
 from core.errors import ChannelError, StoreError
-from core.models import SessionKey
+from core.models import InboundMessage, MessageKind, SessionKey
 from core.store import Store
 
 __all__ = ["Handover", "Live", "Preview", "digest"]
@@ -34,7 +35,6 @@ TYPING_EVERY_S = 4.0
 EDIT_EVERY_S = 1.0
 PREVIEWS_NS = "telegram_preview"
 _KEEP = 1000  # finished previews waiting for their final send
-LAST_INBOUND_MAX = 10_000  # sessions whose newest message id is kept (group replies quote it)
 
 
 def digest(html: str) -> str:
@@ -77,20 +77,17 @@ class Live:
         self._drafts = True  # until the server says it has no sendMessageDraft
         self._running: dict[str, Preview] = {}
         self._finished: LRUCache[str, Preview] = LRUCache(_KEEP)
-        # session → newest stored message id, for the recent sessions only
-        self._last_inbound: LRUCache[str, int] = LRUCache(LAST_INBOUND_MAX)
 
-    def heard(self, session: str, message_id: int) -> None:
-        """A message of `session` was stored: a group answer will quote the newest."""
-        self._last_inbound[session] = message_id
-
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
+        """In a group the answer quotes the newest message it answers (a button press is not
+        one anybody typed: nothing is quoted then)."""
         chat = int(key.conversation)
+        quotable = chat < 0 and newest.kind is not MessageKind.BUTTON
         state = Preview(
             run_id=run_id,
             chat_id=chat,
             thread=int(key.thread) if key.thread else None,
-            reply_to=self._last_inbound.get(str(key)) if chat < 0 else None,
+            reply_to=message_id_of(newest.platform_id) if quotable else None,
             draft=chat > 0 and self._drafts,
         )
         old = self._running.pop(str(key), None)

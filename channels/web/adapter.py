@@ -127,7 +127,7 @@ class WebChat:
         )
         return f"out-{part.id}"
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         self._publish(key.conversation, "typing", {"run_id": run_id})
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:

@@ -21,7 +21,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext, sole_writer_memory, webhook_ok
+from channels.base import BadInput, ChannelContext, webhook_ok
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus
@@ -81,7 +81,6 @@ class WhatsAppAdapter:
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
         # session → its newest stored message, for the read receipt; only when this process is
         # the store's only writer (else another replica may hold a newer one: ask the store)
-        self._newest: LRUCache[str, str] | None = sole_writer_memory(ctx.store, RECENT_MAX)
 
     # HttpRoutes and Lifecycle
 
@@ -141,8 +140,6 @@ class WhatsAppAdapter:
             self._recent[_rid(msg)] = None
             if stored.status is not InboxStatus.REFUSED:
                 self._sender.heard(session, msg.received_at)
-            if stored.status is InboxStatus.PENDING and self._newest is not None:
-                self._newest[session] = msg.platform_id
         for event in events:
             if isinstance(event, Unsupported):
                 await self._unsupported(event)
@@ -193,14 +190,9 @@ class WhatsAppAdapter:
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         return await self._sender.send(key, part)
 
-    async def run_started(self, key: SessionKey, run_id: str) -> None:
-        """Mark the customer's newest message read and show the typing indicator."""
-        newest = self._newest.get(str(key)) if self._newest is not None else None
-        if newest is None:
-            pending = await self._ctx.store.pending(str(key))
-            newest = pending[-1].message.platform_id if pending else None
-        if newest is not None:
-            self._mark_read(key, newest)
+    async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
+        """Mark the message answered read (and all before it) and show the typing indicator."""
+        self._mark_read(key, newest.platform_id)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         """WhatsApp cannot edit a message, so nothing streams; keep the indicator alive."""
