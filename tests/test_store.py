@@ -706,8 +706,32 @@ async def test_an_old_schema_is_migrated_forward_keeping_its_data(
     assert await new.usage("2026-01-01", "user", "u") == 1.0
     await new.put_inbound(S1, msg(text="after"), 10)  # v3 (PostgreSQL): one round trip
     assert [i.message.text for i in await new.pending(S1)] == ["from v1", "after"]
+    assert await new.last_inbound_at(S1) is not None  # indexed since v3 (SQLite), v4
     versions = await query(new, "SELECT version FROM schema_version ORDER BY version")
     assert versions == [(version,) for version, _ in migrations_of(new)]
+
+
+async def test_last_inbound_is_the_newest_arrival_of_that_session_found_by_index(
+    store: Store,
+) -> None:
+    assert await store.last_inbound_at(S1) is None
+    for n, at in enumerate((1000.0, 3000.0, 2000.0)):  # a late redelivery of an older one
+        await store.put_inbound(S1, msg(f"m{n}", received_at=at), 10)
+    await store.put_inbound(S2, msg("other", received_at=9000.0), 10)
+    assert await store.last_inbound_at(S1) == 3000.0
+    sql = "SELECT max(received_at) FROM inbox WHERE session = $1"
+    if isinstance(store, SqliteStore):
+        plan = await query(store, "EXPLAIN QUERY PLAN " + sql.replace("$1", "?"), (S1,))
+    else:
+        import asyncpg
+
+        conn = await asyncpg.connect(store._dsn)  # type: ignore[attr-defined]
+        try:
+            await conn.execute("SET enable_seqscan = off")  # a tiny table would be scanned
+            plan = [tuple(r) for r in await conn.fetch("EXPLAIN " + sql, S1)]
+        finally:
+            await conn.close()
+    assert "inbox_received" in str(plan)
 
 
 def migrations_of(store: Store) -> list[tuple[int, str]]:

@@ -403,7 +403,7 @@ class PostgresStore:
     async def last_inbound_at(self, session: str) -> float | None:
         async with self._conn() as c:
             value = await c.fetchval(
-                "SELECT max(received_at) FROM inbox WHERE session = $1 AND status != 'duplicate'",
+                "SELECT max(received_at) FROM inbox WHERE session = $1",
                 session,
             )
         return None if value is None else float(value)

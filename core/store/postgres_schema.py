@@ -137,4 +137,10 @@ END
 $$;
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3)]
+# v4: when a session last heard from its customer (the WhatsApp 24-hour window, Telegram's
+# "blocked until they write again") by index: it was a scan of the whole inbox
+V4 = """
+CREATE INDEX IF NOT EXISTS inbox_received ON inbox (session, received_at);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4)]

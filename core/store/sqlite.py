@@ -518,10 +518,10 @@ class SqliteStore:
         return None if row is None else (row[0], row[1], row[2])
 
     async def last_inbound_at(self, session: str) -> float | None:
-        row = await self._read(
+        row = await self._lookup(
             lambda c: _fetchone(
                 c,
-                "SELECT max(received_at) FROM inbox WHERE session = ? AND status != 'duplicate'",
+                "SELECT max(received_at) FROM inbox WHERE session = ?",
                 (session,),
             )
         )
