@@ -520,6 +520,41 @@ async def test_a_lease_taken_mid_run_stops_the_run_at_the_next_heartbeat(
     assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
 
 
+async def test_a_renewal_that_races_a_release_and_reacquire_stops_nothing(
+    store: Store, make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = await make_rig()
+
+    @dataclass
+    class Holder:  # what the heartbeat reads of a runner
+        skey: str = str(key("R"))
+        holding: bool = True
+        lease_term: int = 1
+        policy: SessionPolicy = field(default_factory=SessionPolicy)
+        lost: bool = False
+
+        def lose_lease(self) -> None:
+            self.lost = True
+
+    holder = Holder()
+    original = store.renew_leases
+
+    async def racing(sessions: Any, owner: str, ttl: float) -> set[str]:
+        holder.lease_term += 1  # released and taken again while this renewal ran
+        return await original(sessions, owner, ttl)  # so it renewed nothing
+
+    rig.manager._runners[holder.skey] = holder  # type: ignore[assignment]
+    try:
+        monkeypatch.setattr(store, "renew_leases", racing)
+        await rig.manager.renew_leases()
+        assert not holder.lost
+        monkeypatch.undo()
+        await rig.manager.renew_leases()  # no race this time: the lease is really not held
+        assert holder.lost
+    finally:
+        del rig.manager._runners[holder.skey]
+
+
 async def test_a_run_whose_lease_was_taken_makes_no_further_model_call(
     store: Store, make_rig: Callable[..., Any]
 ) -> None:

@@ -79,8 +79,6 @@ class WhatsAppAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
-        # session → its newest stored message, for the read receipt; only when this process is
-        # the store's only writer (else another replica may hold a newer one: ask the store)
 
     # HttpRoutes and Lifecycle
 
