@@ -48,7 +48,7 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
         else _TextFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
     )
     # neither format shows where a call was made from, its thread or its process: skip finding
-    # them out (the logging HOWTO's "Optimization" list), a quarter of what a line costs
+    # them out (the logging HOWTO's "Optimization" list), a fifth of what a line costs
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
