@@ -17,6 +17,7 @@ __all__ = [
     "OVERFLOW_NOTICE",
     "RESET_REPLY",
     "AgentProfile",
+    "KvWatchingStore",
     "LiveOutlet",
     "NotifyingStore",
     "QueueMode",
@@ -58,6 +59,18 @@ class NotifyingStore(Protocol):
     """Optional: a store shared by replicas tells each one about messages the others stored."""
 
     async def listen(self, on_session: Callable[[str], None]) -> None: ...
+
+
+@runtime_checkable
+class KvWatchingStore(Protocol):
+    """Optional: a store shared by replicas says when an entry of a key-value namespace changes,
+    so a replica may remember entries. `on_change(key)` follows every change (this process's
+    own too); `on_change(None)` means news may have been missed: forget them all. Remember
+    nothing while `kv_watched()` is False."""
+
+    async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None: ...
+
+    def kv_watched(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)

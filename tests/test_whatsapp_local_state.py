@@ -1,11 +1,13 @@
 """What the WhatsApp channel keeps in memory to spare the store a read, and the store still
-answers for: open text menus (known in memory when this process is the store's only writer),
-and the 24-hour window (open while this process has just heard from the customer)."""
+answers for: open text menus (known in memory when this process is the store's only writer, or
+when the store tells each replica of every change), and the 24-hour window (open while this
+process has just heard from the customer)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,95 @@ async def test_a_replica_sees_a_menu_another_replica_sent(store: Store) -> None:
     assert await here.get(S1) == []
     await there.show(S1, MENU)
     assert await here.get(S1) == MENU
+
+
+@pytest.fixture
+async def replica(store: Store) -> AsyncIterator[Store]:
+    """A second replica's store: another process on the same PostgreSQL database."""
+    from core.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    other = PostgresStore(store._dsn)
+    await other.start()
+    yield other
+    await other.aclose()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not await check():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_replicas_remember_menus_and_hear_when_another_changes_one(
+    store: Store, replica: Store
+) -> None:
+    counted = CountingReads(store)
+    here, there = Menus(counted), Menus(replica)
+    await here.start()
+    await there.start()
+    assert await here.get(S1) == []
+    assert await here.get(S1) == []
+    assert counted.reads == 1  # remembered: the store tells of changes
+    await there.show(S1, MENU)  # another replica sends a menu
+    await eventually(lambda: _is(here.get(S1), MENU))
+    reads = counted.reads
+    assert await here.get(S1) == MENU
+    assert counted.reads == reads  # remembered again
+    await there.show(S1, [])  # and ends it
+    await eventually(lambda: _is(here.get(S1), []))
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_a_lost_listen_connection_forgets_what_was_remembered(
+    store: Store, replica: Store
+) -> None:
+    from core.store.postgres import PostgresStore
+
+    assert isinstance(store, PostgresStore)
+    assert isinstance(replica, PostgresStore)
+    counted = CountingReads(store)
+    here = Menus(counted)
+    await here.start()
+    assert await here.get(S1) == []
+    reads = counted.reads
+    listener = store._listener
+    assert listener is not None
+    async with replica._conn() as c:  # the connection dies; changes may pass unheard
+        await c.execute("SELECT pg_terminate_backend($1)", listener.get_server_pid())
+    await eventually(lambda: _now(store._listener not in (None, listener)))  # reconnected
+    assert await here.get(S1) == []
+    assert counted.reads == reads + 1  # forgotten when the connection was lost
+    assert await here.get(S1) == []
+    assert counted.reads == reads + 1  # remembered again
+
+
+@pytest.mark.parametrize("store", ["postgres"], indirect=True)
+async def test_nothing_is_remembered_while_news_of_changes_could_be_missed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counted = CountingReads(store)
+    here = Menus(counted)
+    await here.start()
+    monkeypatch.setattr(store, "kv_watched", lambda: False)  # LISTEN is down
+    for _ in range(3):
+        assert await here.get(S1) == []
+    assert counted.reads == 3
+    monkeypatch.undo()
+    assert await here.get(S1) == []
+    assert counted.reads == 4  # what was read meanwhile was not kept
+    assert await here.get(S1) == []
+    assert counted.reads == 4
+
+
+async def _is(got: Awaitable[Any], want: Any) -> bool:
+    return bool(await got == want)
+
+
+async def _now(value: bool) -> bool:
+    return value
 
 
 class CountingWindowReads(CountingReads):

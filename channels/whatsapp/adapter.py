@@ -86,7 +86,9 @@ class WhatsAppAdapter:
         return [web.get(PATH, self.handshake), web.post(PATH, self.webhook)]
 
     async def start(self) -> None:
-        """Look up each business number once, so a bad token or number id shows at start."""
+        """Hear about menus other replicas show; look up each business number once, so a bad
+        token or number id shows at start."""
+        await self._menus.start()
         for number in sorted(self._numbers):
             try:
                 info = await self._graph.lookup(number)

@@ -2,9 +2,12 @@
 shows them as a numbered list; a later "2" or a typed title picks one).
 
 The store holds them, so they survive a restart and every replica sees them. Most sessions
-never have one, so when this process is the store's only writer (no replicas to hear from:
-SQLite) it also remembers, for recent sessions, what the store holds, and a text or a reply in
-such a session costs no store read. The first look at a session reads the store.
+never have one, so this process also remembers, for recent sessions, what the store holds, and
+a text or a reply in such a session costs no store read (the first look at a session reads
+it). That memory is kept when this process is the store's only writer (SQLite), or when the
+store tells every replica about each change (PostgreSQL's NOTIFY): then a change forgets the
+session's entry, and while that news could be missed (the LISTEN connection is down) nothing
+is remembered.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from cachetools import LRUCache
 
 from channels.base import sole_writer_memory
 from channels.whatsapp.outbound import Menu, menu_from_json, menu_to_json
+from core.policies import KvWatchingStore
 from core.store import Store
 
 __all__ = ["KNOWN_MAX", "NS_MENU", "Menus"]
@@ -24,19 +28,39 @@ KNOWN_MAX = 4096  # sessions whose menu (or its absence) is remembered here
 class Menus:
     def __init__(self, store: Store) -> None:
         self._store = store
-        # session → its menu as the store has it; None: others write too, always ask the store
-        self._known: LRUCache[str, Menu] | None = sole_writer_memory(store, KNOWN_MAX)
-        self._shown = 0  # counts show(): a store read that overlapped one is not remembered
+        self._watch = store if isinstance(store, KvWatchingStore) else None
+        # session → its menu as the store has it; None: others write unannounced, ask the store
+        self._known: LRUCache[str, Menu] | None = (
+            LRUCache(KNOWN_MAX) if self._watch is not None else sole_writer_memory(store, KNOWN_MAX)
+        )
+        self._changes = 0  # counts changes: a store read that overlapped one is not remembered
+
+    async def start(self) -> None:
+        """Hear about the menus other replicas show (a store that tells replicas)."""
+        if self._watch is not None:
+            await self._watch.watch_kv(NS_MENU, self._changed)
 
     async def get(self, session: str) -> Menu:
-        known = self._known
+        known = self._known if self._watching() else None
         if known is not None and session in known:
             return known[session]
-        shown = self._shown
+        changes = self._changes
         menu = menu_from_json(await self._store.kv_get(NS_MENU, session))
-        if shown == self._shown:
+        if changes == self._changes:
             self._remember(session, menu)
         return menu
+
+    def _watching(self) -> bool:
+        return self._watch is None or self._watch.kv_watched()
+
+    def _changed(self, session: str | None) -> None:
+        self._changes += 1
+        if self._known is None:
+            return
+        if session is None:
+            self._known.clear()
+        else:
+            self._known.pop(session, None)
 
     async def show(self, session: str, menu: Menu) -> None:
         """`menu` is the one the person now sees (empty: none, any earlier one is over)."""
@@ -46,9 +70,9 @@ class Menus:
             await self._store.kv_set(NS_MENU, session, "")
         else:
             return
-        self._shown += 1
+        self._changes += 1
         self._remember(session, menu)
 
     def _remember(self, session: str, menu: Menu) -> None:
-        if self._known is not None:
+        if self._known is not None and self._watching():
             self._known[session] = menu

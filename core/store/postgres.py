@@ -43,6 +43,7 @@ __all__ = ["PostgresStore"]
 
 log = logging.getLogger(__name__)
 NOTIFY_CHANNEL = "switchboard_inbox"
+KV_CHANNEL = "switchboard_kv"  # payload: JSON [namespace, key] of a changed entry
 NOW = "extract(epoch from clock_timestamp())"
 MIGRATION_LOCK = 0x5B0A_4D01  # pg_advisory_xact_lock key for schema changes
 
@@ -55,6 +56,7 @@ class PostgresStore:
         self._id = uuid.uuid4().hex[:12]
         self._listener: asyncpg.Connection | None = None
         self._on_notify: Callable[[str], None] | None = None
+        self._kv_watchers: dict[str, list[Callable[[str | None], None]]] = {}
         self._relisten: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -98,13 +100,26 @@ class PostgresStore:
     async def listen(self, on_session: Callable[[str], None]) -> None:
         """Call `on_session(session)` when another replica stores a message for it."""
         self._on_notify = on_session
-        if self._listener is None:
+        await self._ensure_listener()
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is None and (self._relisten is None or self._relisten.done()):
             await self._connect_listener()
+
+    async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
+        """Call `on_change(key)` after any replica changes an entry of `namespace` (this one
+        too), and `on_change(None)` when the LISTEN connection is lost."""
+        self._kv_watchers.setdefault(namespace, []).append(on_change)
+        await self._ensure_listener()
+
+    def kv_watched(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
 
     async def _connect_listener(self) -> None:
         try:
             conn = await asyncpg.connect(self._dsn)
             await conn.add_listener(NOTIFY_CHANNEL, self._notified)
+            await conn.add_listener(KV_CHANNEL, self._kv_notified)
             conn.add_termination_listener(self._listener_lost)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
@@ -115,7 +130,20 @@ class PostgresStore:
         if origin != self._id and session and self._on_notify is not None:
             self._on_notify(session)
 
+    def _kv_notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        try:
+            namespace, key = json.loads(payload)
+        except (ValueError, TypeError):
+            return
+        for on_change in self._kv_watchers.get(namespace, ()):
+            on_change(key)
+
     def _listener_lost(self, conn: Any) -> None:
+        if self._listener is conn:
+            self._listener = None  # watched entries may change unseen until the next one
+        for watchers in self._kv_watchers.values():
+            for on_change in watchers:
+                on_change(None)
         if self._closed:
             return
         if self._relisten is None or self._relisten.done():
@@ -429,15 +457,18 @@ class PostgresStore:
         return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str) -> None:
-        async with self._conn() as c:
+        async with self._conn() as c:  # the change and its news commit together
             await c.execute(
-                "INSERT INTO channel_state (namespace, key, value, updated_at)"
+                "WITH up AS (INSERT INTO channel_state (namespace, key, value, updated_at)"
                 " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
-                " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
+                " RETURNING 1) SELECT pg_notify($5, $6) FROM up",
                 namespace,
                 key,
                 value,
                 time.time(),
+                KV_CHANNEL,
+                json.dumps([namespace, key]),
             )
 
     async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
