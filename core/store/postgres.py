@@ -108,7 +108,7 @@ class PostgresStore:
 
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change(key)` after any replica changes an entry of `namespace` (this one
-        too), and `on_change(None)` when the LISTEN connection is lost."""
+        too), and `on_change(None)` when the LISTEN connection is lost or made again."""
         self._kv_watchers.setdefault(namespace, []).append(on_change)
         await self._ensure_listener()
 
@@ -124,6 +124,7 @@ class PostgresStore:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
         self._listener = conn
+        self._kv_forget_all()  # a read made before now may predate news nobody heard
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         origin, _, session = payload.partition(" ")
@@ -138,12 +139,15 @@ class PostgresStore:
         for on_change in self._kv_watchers.get(namespace, ()):
             on_change(key)
 
-    def _listener_lost(self, conn: Any) -> None:
-        if self._listener is conn:
-            self._listener = None  # watched entries may change unseen until the next one
+    def _kv_forget_all(self) -> None:
         for watchers in self._kv_watchers.values():
             for on_change in watchers:
                 on_change(None)
+
+    def _listener_lost(self, conn: Any) -> None:
+        if self._listener is conn:
+            self._listener = None  # watched entries may change unseen until the next one
+        self._kv_forget_all()
         if self._closed:
             return
         if self._relisten is None or self._relisten.done():
