@@ -493,10 +493,10 @@ async def test_restart_delivers_committed_but_unsent_parts_once(
 async def test_a_run_longer_than_its_lease_ttl_keeps_the_lease(
     store: Store, make_rig: Callable[..., Any]
 ) -> None:
-    rig: Rig = await make_rig(lease_ttl_s=0.3, delay_s=1.0)  # renewed every 0.1 s
+    rig: Rig = await make_rig(lease_ttl_s=1.5, delay_s=3.6)  # renewed every 0.5 s
     skey = str(key("K"))
     await rig.manager.submit(msg("slow one", "K"))
-    await asyncio.sleep(0.7)  # more than twice the ttl into the model call
+    await asyncio.sleep(3.2)  # more than twice the ttl into the model call
     assert not await store.acquire_lease(skey, "other-replica", 30.0)
     await settle(rig)
     assert rig.outlet.texts(key("K")) == ["echo: slow one"]
