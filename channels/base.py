@@ -13,14 +13,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from aiohttp import web
-from cachetools import LRUCache
 
 from core.models import InboundMessage, OutboundPart, SessionKey
 from core.outbox import Outlet
-from core.sessions import LiveOutlet, NotifyingStore
+from core.sessions import LiveOutlet
 from core.store import PutResult, Store
 
 __all__ = [
@@ -31,25 +30,15 @@ __all__ = [
     "Lifecycle",
     "LiveOutlet",
     "Outlet",
-    "sole_writer_memory",
     "webhook_ok",
 ]
 
 _OK_BODY = b'{"ok":true}'  # a webhook's 200 answer, encoded once
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 def webhook_ok() -> web.Response:
     """200 with {"ok": true}: a webhook stored (or deliberately ignored)."""
     return web.Response(body=_OK_BODY, content_type="application/json")
-
-
-def sole_writer_memory(store: Store, maxsize: int) -> LRUCache[K, V] | None:
-    """A bounded memory of what the store holds, for recent sessions, kept when this process
-    is the store's only writer (SQLite); None when other replicas write too (a store that
-    notifies them): then only the store knows, so ask it."""
-    return None if isinstance(store, NotifyingStore) else LRUCache(maxsize)
 
 
 class Submit(Protocol):

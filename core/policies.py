@@ -63,10 +63,11 @@ class NotifyingStore(Protocol):
 
 @runtime_checkable
 class KvWatchingStore(Protocol):
-    """Optional: a store shared by replicas says when an entry of a key-value namespace changes,
-    so a replica may remember entries. `on_change(key)` follows every change (this process's
-    own too); `on_change(None)` means news may have been missed: forget them all. Remember
-    nothing while `kv_watched()` is False."""
+    """A store that says when an entry of a key-value namespace changes, so a process may
+    remember entries (SQLite: its only writer hears itself; PostgreSQL: every replica hears by
+    NOTIFY). `on_change(key)` follows every change (this process's own too); `on_change(None)`
+    means news may have been missed: forget them all. Remember nothing while `kv_watched()` is
+    False."""
 
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None: ...
 

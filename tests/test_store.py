@@ -785,6 +785,24 @@ async def test_delivery_reports_only_move_forward(store: Store) -> None:
     assert await store.kv_get("ns", "k") is None
 
 
+async def test_every_key_value_change_is_told_to_the_namespace_watchers(store: Store) -> None:
+    from core.policies import KvWatchingStore
+
+    assert isinstance(store, KvWatchingStore)
+    heard: list[str | None] = []
+    await store.watch_kv("ns", heard.append)
+    assert store.kv_watched()
+    heard.clear()  # PostgreSQL: a new LISTEN connection first says "forget everything"
+    await store.kv_set("ns", "a", "1")
+    await store.kv_set("other", "b", "1")  # another namespace: not told
+    await store.kv_set("ns", "a", "2")
+    await store.kv_delete("ns", "a")
+    deadline = time.monotonic() + 5
+    while len(heard) < 3 and time.monotonic() < deadline:  # PostgreSQL: by NOTIFY
+        await asyncio.sleep(0.01)
+    assert heard == ["a", "a", "a"]
+
+
 async def test_queue_depth_counts_pending_messages(store: Store) -> None:
     assert await store.queue_depth() == 0
     await store.put_inbound(S1, msg(text="a"), 10)

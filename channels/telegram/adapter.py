@@ -155,14 +155,13 @@ class TelegramAdapter:
             )
             msg = msg.model_copy(update={"attachments": attachments})
         result = await self._ctx.submit(msg, key)
-        extra = {"session": str(key), "channel": CHANNEL}
         if result.status is InboxStatus.DUPLICATE:
+            extra = {"session": str(key), "channel": CHANNEL}
             log.info("update %s was already stored", msg.platform_id, extra=extra)
             for a in msg.attachments:  # this copy of its files is not needed
                 if a.path:
                     with contextlib.suppress(OSError):
                         await asyncio.to_thread(Path(a.path).unlink)
-            return
 
     async def _answer(self, query_id: str) -> None:
         bot = self._client.bot

@@ -4,17 +4,15 @@ shows them as a numbered list; a later "2" or a typed title picks one).
 The store holds them, so they survive a restart and every replica sees them. Most sessions
 never have one, so this process also remembers, for recent sessions, what the store holds, and
 a text or a reply in such a session costs no store read (the first look at a session reads
-it). That memory is kept when this process is the store's only writer (SQLite), or when the
-store tells every replica about each change (PostgreSQL's NOTIFY): then a change forgets the
-session's entry, and while that news could be missed (the LISTEN connection is down) nothing
-is remembered.
+it). The store tells of every change (SQLite: this process is its only writer; PostgreSQL:
+NOTIFY to every replica), which forgets that session's entry, and while such news could be
+missed (PostgreSQL's LISTEN connection is down) nothing is remembered.
 """
 
 from __future__ import annotations
 
 from cachetools import LRUCache
 
-from channels.base import sole_writer_memory
 from channels.whatsapp.outbound import Menu, menu_from_json, menu_to_json
 from core.policies import KvWatchingStore
 from core.store import Store
@@ -29,14 +27,12 @@ class Menus:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._watch = store if isinstance(store, KvWatchingStore) else None
-        # session → its menu as the store has it; None: others write unannounced, ask the store
-        self._known: LRUCache[str, Menu] | None = (
-            LRUCache(KNOWN_MAX) if self._watch is not None else sole_writer_memory(store, KNOWN_MAX)
-        )
+        # session → its menu as the store has it; None: changes go unannounced, ask the store
+        self._known: LRUCache[str, Menu] | None = LRUCache(KNOWN_MAX) if self._watch else None
         self._changes = 0  # counts changes: a store read that overlapped one is not remembered
 
     async def start(self) -> None:
-        """Hear about the menus other replicas show (a store that tells replicas)."""
+        """Hear of every menu shown or ended, by this process or another replica."""
         if self._watch is not None:
             await self._watch.watch_kv(NS_MENU, self._changed)
 
@@ -51,7 +47,7 @@ class Menus:
         return menu
 
     def _watching(self) -> bool:
-        return self._watch is None or self._watch.kv_watched()
+        return self._watch is not None and self._watch.kv_watched()
 
     def _changed(self, session: str | None) -> None:
         self._changes += 1

@@ -448,9 +448,14 @@ class PostgresStore:
         return None if value is None else str(value)
 
     async def kv_delete(self, namespace: str, key: str) -> None:
-        async with self._conn() as c:
+        async with self._conn() as c:  # the change and its news commit together
             await c.execute(
-                "DELETE FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
+                "WITH gone AS (DELETE FROM channel_state WHERE namespace = $1 AND key = $2)"
+                " SELECT pg_notify($3, $4)",
+                namespace,
+                key,
+                KV_CHANNEL,
+                json.dumps([namespace, key]),
             )
 
     async def kv_items(self, namespace: str) -> dict[str, str]:
