@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -61,8 +62,8 @@ class Outage:
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
-        if name in ("start", "aclose") or not callable(target):
-            return target
+        if name in ("start", "aclose") or not inspect.iscoroutinefunction(target):
+            return target  # e.g. kv_watched(): no I/O, nothing to fail
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.fail_after is not None and name in self._WRITES:
