@@ -652,6 +652,40 @@ async def test_a_closed_sqlite_store_starts_again_with_its_data(tmp_path: Path) 
         await store.aclose()
 
 
+async def test_the_wal_is_checkpointed_beside_the_writer_and_starts_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits never checkpoint (that stalled a batch for milliseconds); a checkpoint on the
+    reader's thread copies the WAL into the database while writes go on, and the writer
+    starts the WAL over once it is big, so it does not grow with everything ever written."""
+    monkeypatch.setattr(sqlite_module, "WAL_RESTART_PAGES", 50)
+    path = tmp_path / "wal.db"
+    wal = tmp_path / "wal.db-wal"
+    store = SqliteStore(path, checkpoint_interval_s=0.02)
+    await store.start()
+    try:
+        autocheckpoint = await store._writer.call(
+            lambda c: c.execute("PRAGMA wal_autocheckpoint").fetchone()[0]
+        )
+        assert autocheckpoint == 0
+        written = 0
+        until = time.monotonic() + 0.6
+
+        async def writer() -> None:  # writes without pause: checkpoints run beside them
+            nonlocal written
+            while time.monotonic() < until:
+                await store.put_inbound(S1, msg(text="x" * 4000), 100_000)
+                written += 4000
+
+        await asyncio.gather(*(writer() for _ in range(8)))
+        assert len(await store.pending(S1)) == written // 4000
+        # (closing the last connection checkpoints and removes the WAL: read it while open)
+        assert path.stat().st_size > written / 2  # copied into the database
+        assert wal.stat().st_size < written / 4  # and the WAL was started over
+    finally:
+        await store.aclose()
+
+
 async def test_ping(store: Store) -> None:
     assert await store.ping() is None
 
