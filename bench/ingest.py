@@ -74,10 +74,13 @@ async def _saturate(
 
 
 async def _warm(url: str, channel: str, opts: Options) -> int:
+    """The steady rate for a moment first, so that what it needs (connections to the server
+    and, on PostgreSQL, from its pool) is open before it is measured."""
     if opts.warmup_s <= 0:
         return 0
-    stats = await closed_loop(
-        url, _requests(channel, 4000), concurrency=8, duration_s=opts.warmup_s
+    count = int(opts.rate * opts.warmup_s)
+    stats = await open_loop(
+        url, _requests(channel, count), rate=opts.rate, duration_s=opts.warmup_s
     )
     return stats.ok
 
