@@ -12,14 +12,14 @@ writer, on two more connections:
 The writer's and the reader's connections each live on a single thread for their whole life;
 the loop's is only ever used by the event loop.
 
-The WAL is copied back into the database file (a checkpoint) by the reader's thread, ten times
-a second while there are writes, not by the commit that happens to fill it: such a checkpoint
-took 1.3 to 4 ms here, and every webhook in that batch (and queued behind it) waited for its
-acknowledgement. Small and often, because the checkpoint's flush of the database file also
-delays the writer's next sync of the WAL: every 0.5 s, it stalled acknowledgements by up to
-20 ms at 1,000 webhooks/s. A checkpoint beside the writer cannot let the WAL start over (the writer
-keeps adding to it), so once the WAL holds a thousand pages the writer copies the few pages
-added since, before its next batch, and that batch starts the WAL from the beginning.
+The WAL is copied back into the database file (a checkpoint) by the reader's thread, ten
+times a second while there are writes, not by the commit that happens to fill it: such a
+checkpoint took 1.3 to 4 ms here, and every webhook in that batch (and queued behind it)
+waited for its acknowledgement. Small and often, because a checkpoint's flush of the database
+file also delays the writer's next sync of the WAL: every 0.5 s, it stalled acknowledgements
+by up to 20 ms at 1,000 webhooks/s. A checkpoint beside the writer cannot let the WAL start
+over (the writer keeps adding to it), so once the WAL holds a thousand pages the writer copies
+the few pages added since, before its next batch, and that batch starts the WAL afresh.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class SqliteStore:
 
     async def _checkpoint_forever(self) -> None:
         """Copy the WAL into the database while there are writes (PASSIVE: it never blocks
-        the writer, and the writer starts the WAL over once everything in it is copied)."""
+        the writer), and ask the writer to start the WAL over once it is big."""
         while True:
             await self._written.wait()
             await asyncio.sleep(self._checkpoint_interval_s)
