@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import re
 import sqlite3
 import time
@@ -684,6 +685,40 @@ async def test_the_wal_is_checkpointed_beside_the_writer_and_starts_over(
         assert wal.stat().st_size < written / 4  # and the WAL was started over
     finally:
         await store.aclose()
+
+
+async def test_a_failing_checkpoint_is_logged_once_until_one_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    broken = True
+
+    def checkpoint(conn: sqlite3.Connection) -> int:
+        if broken:
+            raise sqlite3.OperationalError("disk I/O error")
+        return 0
+
+    monkeypatch.setattr(sqlite_module, "_checkpoint", checkpoint)
+    caplog.set_level(logging.INFO, logger=sqlite_module.__name__)
+    store = SqliteStore(tmp_path / "ckpt.db", checkpoint_interval_s=0.01)
+    await store.start()
+    try:
+        for i in range(5):  # a write, then a checkpoint attempt after it, five times
+            await store.put_inbound(S1, msg(text=f"w{i}"), 100)
+            await asyncio.sleep(0.05)
+        broken = False
+        await store.put_inbound(S1, msg(text="again"), 100)
+        for _ in range(500):  # the next checkpoint, however slow the machine
+            if any("again" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await store.aclose()
+    said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+    assert said == [
+        "SQLite checkpoint failed (the WAL grows until one works): disk I/O error",
+        "SQLite checkpoints work again",
+    ]
+    assert len(await query(store, "SELECT id FROM inbox")) == 6  # writes went on
 
 
 async def test_ping(store: Store) -> None:

@@ -229,6 +229,7 @@ class SqliteStore:
     async def _checkpoint_forever(self) -> None:
         """Copy the WAL into the database while there are writes (PASSIVE: it never blocks
         the writer), and ask the writer to start the WAL over once it is big."""
+        failing = False  # said once, not ten times a second
         while True:
             await self._written.wait()
             await asyncio.sleep(self._checkpoint_interval_s)
@@ -236,8 +237,13 @@ class SqliteStore:
             try:
                 wal_pages = await self._reader.call(_checkpoint)
             except (sqlite3.Error, StoreError) as exc:
-                log.warning("SQLite checkpoint failed: %s", exc)
+                if not failing:
+                    log.warning("SQLite checkpoint failed (the WAL grows until one works): %s", exc)
+                failing = True
                 continue
+            if failing:
+                log.info("SQLite checkpoints work again")
+                failing = False
             if wal_pages >= WAL_RESTART_PAGES:
                 self._restart_wal = True
 
