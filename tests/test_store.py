@@ -670,11 +670,10 @@ async def test_the_wal_is_checkpointed_beside_the_writer_and_starts_over(
         )
         assert autocheckpoint == 0
         written = 0
-        until = time.monotonic() + 0.6
 
         async def writer() -> None:  # writes without pause: checkpoints run beside them
             nonlocal written
-            while time.monotonic() < until:
+            while written < 6_000_000:  # an amount, not a time: the WAL's floor is fixed
                 await store.put_inbound(S1, msg(text="x" * 4000), 100_000)
                 written += 4000
 
@@ -682,7 +681,7 @@ async def test_the_wal_is_checkpointed_beside_the_writer_and_starts_over(
         assert len(await store.pending(S1)) == written // 4000
         # (closing the last connection checkpoints and removes the WAL: read it while open)
         assert path.stat().st_size > written / 2  # copied into the database
-        assert wal.stat().st_size < written / 4  # and the WAL was started over
+        assert wal.stat().st_size < written / 2  # and the WAL was started over
     finally:
         await store.aclose()
 
