@@ -41,7 +41,7 @@ class Options:
     channels: tuple[str, ...] = CHANNELS
     stores: tuple[str, ...] = ("sqlite", "postgres")
     duration_s: float = 8.0  # each closed-loop throughput measurement
-    latency_s: float = 5.0  # each open-loop latency measurement
+    latency_s: float = 10.0  # each open-loop latency measurement (10,000 requests at 1,000/s)
     rate: float = 1000.0
     connections: int = 32
     loadgen: str = "auto"  # wrk | aiohttp | auto
