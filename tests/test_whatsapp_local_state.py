@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from channels.whatsapp.sender import Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.models import SessionKey
 from core.store import Store
+from tests.fake_whatsapp import until
 
 S1, S2 = "support:whatsapp:100:111", "support:whatsapp:100:222"
 MENU = [("Billing", "billing"), ("Orders", "orders"), ("Returns", "returns"), ("Other", "other")]
@@ -78,7 +79,7 @@ async def test_a_menu_shown_elsewhere_on_the_same_store_is_heard(store: Store) -
     await there.start()
     assert await here.get(S1) == []  # remembered
     await there.show(S1, MENU)
-    assert await eventually_equal(lambda: here.get(S1), MENU)
+    await until(lambda: _is(here.get(S1), MENU))
 
 
 @pytest.fixture
@@ -93,13 +94,6 @@ async def replica(store: Store) -> AsyncIterator[Store]:
     await other.aclose()
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within_s: float = 5.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not await check():
-        assert time.monotonic() < deadline, "not within the time"
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
 async def test_replicas_remember_menus_and_hear_when_another_changes_one(
     store: Store, replica: Store
@@ -112,12 +106,12 @@ async def test_replicas_remember_menus_and_hear_when_another_changes_one(
     assert await here.get(S1) == []
     assert counted.reads == 1  # remembered: the store tells of changes
     await there.show(S1, MENU)  # another replica sends a menu
-    await eventually(lambda: _is(here.get(S1), MENU))
+    await until(lambda: _is(here.get(S1), MENU))
     reads = counted.reads
     assert await here.get(S1) == MENU
     assert counted.reads == reads  # remembered again
     await there.show(S1, [])  # and ends it
-    await eventually(lambda: _is(here.get(S1), []))
+    await until(lambda: _is(here.get(S1), []))
 
 
 @pytest.mark.parametrize("store", ["postgres"], indirect=True)
@@ -137,7 +131,7 @@ async def test_a_lost_listen_connection_forgets_what_was_remembered(
     assert listener is not None
     async with replica._conn() as c:  # the connection dies; changes may pass unheard
         await c.execute("SELECT pg_terminate_backend($1)", listener.get_server_pid())
-    await eventually(lambda: _now(store._listener not in (None, listener)))  # reconnected
+    await until(lambda: store._listener not in (None, listener))  # reconnected
     assert await here.get(S1) == []
     assert counted.reads == reads + 1  # forgotten when the connection was lost
     assert await here.get(S1) == []
@@ -162,17 +156,8 @@ async def test_nothing_is_remembered_while_news_of_changes_could_be_missed(
     assert counted.reads == 4
 
 
-async def eventually_equal(get: Callable[[], Awaitable[Any]], want: Any) -> bool:
-    await eventually(lambda: _is(get(), want))
-    return True
-
-
 async def _is(got: Awaitable[Any], want: Any) -> bool:
     return bool(await got == want)
-
-
-async def _now(value: bool) -> bool:
-    return value
 
 
 class CountingWindowReads(CountingReads):
