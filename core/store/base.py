@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -15,6 +15,7 @@ __all__ = [
     "HistoryEntry",
     "InboxItem",
     "InboxStatus",
+    "KvWatchers",
     "PutResult",
     "Quota",
     "RunRecord",
@@ -28,6 +29,27 @@ __all__ = [
     "run_json",
     "transcript_entries",
 ]
+
+
+class KvWatchers:
+    """Who watches which key-value namespace (see core.policies.KvWatchingStore): a store
+    calls `changed` for each change it makes or hears of, and `forget_all` when it may have
+    missed some."""
+
+    def __init__(self) -> None:
+        self._by_namespace: dict[str, list[Callable[[str | None], None]]] = {}
+
+    def add(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
+        self._by_namespace.setdefault(namespace, []).append(on_change)
+
+    def changed(self, namespace: str, key: str) -> None:
+        for on_change in self._by_namespace.get(namespace, ()):
+            on_change(key)
+
+    def forget_all(self) -> None:
+        for watchers in self._by_namespace.values():
+            for on_change in watchers:
+                on_change(None)
 
 
 # delivery reports only move forward: sent < delivered < read; failed is final

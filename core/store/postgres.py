@@ -25,6 +25,7 @@ from core.store.base import (
     HistoryEntry,
     InboxItem,
     InboxStatus,
+    KvWatchers,
     PutResult,
     Quota,
     RunRecord,
@@ -56,7 +57,7 @@ class PostgresStore:
         self._id = uuid.uuid4().hex[:12]
         self._listener: asyncpg.Connection | None = None
         self._on_notify: Callable[[str], None] | None = None
-        self._kv_watchers: dict[str, list[Callable[[str | None], None]]] = {}
+        self._kv_watchers = KvWatchers()
         self._relisten: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -109,7 +110,7 @@ class PostgresStore:
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change(key)` after any replica changes an entry of `namespace` (this one
         too), and `on_change(None)` when the LISTEN connection is lost or made again."""
-        self._kv_watchers.setdefault(namespace, []).append(on_change)
+        self._kv_watchers.add(namespace, on_change)
         await self._ensure_listener()
 
     def kv_watched(self) -> bool:
@@ -124,7 +125,7 @@ class PostgresStore:
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
         self._listener = conn
-        self._kv_forget_all()  # a read made before now may predate news nobody heard
+        self._kv_watchers.forget_all()  # a read made before now may predate news nobody heard
 
     def _notified(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         origin, _, session = payload.partition(" ")
@@ -136,18 +137,12 @@ class PostgresStore:
             namespace, key = json.loads(payload)
         except (ValueError, TypeError):
             return
-        for on_change in self._kv_watchers.get(namespace, ()):
-            on_change(key)
-
-    def _kv_forget_all(self) -> None:
-        for watchers in self._kv_watchers.values():
-            for on_change in watchers:
-                on_change(None)
+        self._kv_watchers.changed(namespace, key)
 
     def _listener_lost(self, conn: Any) -> None:
         if self._listener is conn:
             self._listener = None  # watched entries may change unseen until the next one
-        self._kv_forget_all()
+        self._kv_watchers.forget_all()
         if self._closed:
             return
         if self._relisten is None or self._relisten.done():

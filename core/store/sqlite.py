@@ -44,6 +44,7 @@ from core.store.base import (
     HistoryEntry,
     InboxItem,
     InboxStatus,
+    KvWatchers,
     PutResult,
     Quota,
     RunRecord,
@@ -116,7 +117,7 @@ class SqliteStore:
         self._reader = self._writer if self._path == ":memory:" else _Db("sqlite-reader")
         self._local: sqlite3.Connection | None = None  # the event loop's, for lookups
         self._ops: deque[_Op] = deque()  # queued for the writer, oldest first
-        self._kv_watchers: dict[str, list[Callable[[str | None], None]]] = {}
+        self._kv_watchers = KvWatchers()
         self._wake: asyncio.Event  # set when there is something queued (or closing); made by start
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -596,7 +597,7 @@ class SqliteStore:
             c.execute("DELETE FROM channel_state WHERE namespace = ? AND key = ?", (namespace, key))
 
         await self._write(op)
-        self._kv_changed(namespace, key)
+        self._kv_watchers.changed(namespace, key)
 
     async def kv_items(self, namespace: str) -> dict[str, str]:
         rows = await self._read(
@@ -616,19 +617,15 @@ class SqliteStore:
             )
 
         await self._write(op)
-        self._kv_changed(namespace, key)
+        self._kv_watchers.changed(namespace, key)
 
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
         """Call `on_change(key)` after each change of an entry of `namespace`: this process is
         the store's only writer, so it makes (and hears of) every one."""
-        self._kv_watchers.setdefault(namespace, []).append(on_change)
+        self._kv_watchers.add(namespace, on_change)
 
     def kv_watched(self) -> bool:
         return True
-
-    def _kv_changed(self, namespace: str, key: str) -> None:
-        for on_change in self._kv_watchers.get(namespace, ()):
-            on_change(key)
 
     async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
         def op(c: sqlite3.Connection) -> Quota | None:
