@@ -87,9 +87,8 @@ async def _send(
         async with http.post(base + req.path, data=req.body, headers=req.headers) as resp:
             await resp.read()
             status = str(resp.status)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        status = type(exc).__name__
-    except AttributeError as exc:  # raised once here inside aiohttp (a response without headers)
+    # AttributeError: raised once here inside aiohttp's client (a response without headers)
+    except (aiohttp.ClientError, TimeoutError, AttributeError) as exc:
         status = type(exc).__name__
     stats.statuses[status] += 1
     if status == "200":
