@@ -62,10 +62,11 @@ class Message(_Model):
     is_topic_message: bool = False
     text: str | None = None
     caption: str | None = None
-    entities: list[Entity] = []
-    caption_entities: list[Entity] = []
+    # default_factory: a plain [] default is deep-copied on every validation
+    entities: list[Entity] = Field(default_factory=list)
+    caption_entities: list[Entity] = Field(default_factory=list)
     reply_to_message: Replied | None = None
-    photo: list[dict[str, object]] = []
+    photo: list[dict[str, object]] = Field(default_factory=list)
     voice: dict[str, object] | None = None
     audio: dict[str, object] | None = None
     video: dict[str, object] | None = None
