@@ -26,8 +26,17 @@ from bench.payloads import (
     WA_VERIFY,
 )
 
-__all__ = ["GatewayOptions", "RunningGateway", "run_gateway", "start_baseline"]
+__all__ = [
+    "STAGES",
+    "STOP_BEFORE",
+    "GatewayOptions",
+    "RunningGateway",
+    "run_gateway",
+    "start_baseline",
+]
 
+STOP_BEFORE = "SWITCHBOARD_BENCH_STOP_BEFORE"  # read by bench.noruns
+STAGES = ("submit", "store")  # where bench.noruns can cut a route short
 CACHE = Path(tempfile.gettempdir()) / "switchboard-bench-cache"  # knowledge index, reused
 
 
@@ -39,6 +48,7 @@ class GatewayOptions:
     platform_url: str = ""  # the fake platform
     web: bool = False
     runs: bool = True  # False: bench.noruns (ingest only)
+    stop_before: str = ""  # with runs off: one of STAGES, to cut the route short there
     max_concurrent_runs: int = 8
     queue_mode: str = "collect"
     max_pending: int = 100
@@ -160,7 +170,8 @@ async def run_gateway(opts: GatewayOptions) -> AsyncIterator[RunningGateway]:
                 "--config",
                 str(config),
             ]
-            proc = Proc(argv, tmp / "gateway.log")
+            env = {STOP_BEFORE: opts.stop_before} if opts.stop_before else None
+            proc = Proc(argv, tmp / "gateway.log", env=env)
             try:
                 url = f"http://127.0.0.1:{port}"
                 await wait_http(url + "/readyz", proc, within_s=60)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bench.common import RESULTS, Proc, Result, percentile, pg_available, pin_self
 from bench.fakes import FakePlatform
-from bench.gateway import GatewayOptions, run_gateway, start_baseline
+from bench.gateway import STAGES, GatewayOptions, run_gateway, start_baseline
 from bench.loadgen import LoadStats, closed_loop, have_wrk, open_loop, wrk
 from bench.payloads import CHANNELS, HttpReq, build
 from bench.profiling import PySpy
@@ -47,6 +47,7 @@ class Options:
     loadgen: str = "auto"  # wrk | aiohttp | auto
     warmup_s: float = 1.0
     profile: bool = False
+    stages: bool = True  # the WhatsApp and Telegram routes on SQLite, cut short at each stage
 
 
 def _requests(channel: str, count: int) -> list[HttpReq]:
@@ -283,6 +284,8 @@ async def _gateway(
         baseline=bare.sat.p99_ms,
         baseline_name="bare aiohttp",
     )
+    if primary and opts.stages:
+        await _stages(channel, store, opts, result, platform, bare)
     if stored < acked and not sat.wrapped:
         result.notes.append(f"WARNING {case}: {acked - stored} acknowledged webhooks not stored")
     series["throughput"].append(
@@ -291,6 +294,43 @@ async def _gateway(
     series["latency"].append(
         {"case": f"{channel}\n{store}", "p50": lat.p50_ms, "p99": lat.p99_ms, "kind": "gateway"}
     )
+
+
+_STAGE_ROWS = {
+    "submit": "webhooks/s, saturated, channel side only (submit skipped)",
+    "store": "webhooks/s, saturated, all but the inbox write (store skipped)",
+}
+
+
+async def _stages(
+    channel: str, store: str, opts: Options, result: Result, platform: FakePlatform, bare: _Measured
+) -> None:
+    """The same route cut short before each stage (bench.noruns), saturated like the real one:
+    what the route costs before the session manager sees a message, and before the store
+    writes it. Explains the ratio; never a result of the route itself."""
+    for stage in STAGES:
+        gw_opts = GatewayOptions(
+            channels=(channel,),
+            store=store,
+            platform_url=platform.url,
+            runs=False,
+            poll_interval_s=600,
+            stop_before=stage,
+        )
+        async with run_gateway(gw_opts) as gw:
+            await _warm(gw.url, channel, opts)
+            sat, cpu = await _saturate(gw.url, channel, opts, bare.sat.rate, gw.proc)
+        result.add(
+            f"{channel}/{store}",
+            _STAGE_ROWS[stage],
+            sat.rate,
+            "/s",
+            baseline=bare.sat.rate,
+            baseline_name="bare aiohttp",
+        )
+        result.notes.append(
+            f"{channel}/{store} cut before {stage}: {sat.describe()}; {cpu:.0f} µs CPU per webhook"
+        )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -307,6 +347,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, default=Options.connections)
     p.add_argument("--loadgen", choices=("auto", "wrk", "aiohttp"), default="auto")
     p.add_argument("--profile", action="store_true", help="py-spy the saturated phase")
+    p.add_argument(
+        "--no-stages", action="store_true", help="skip the routes cut short at each stage"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "last")
     return p
 
@@ -321,6 +364,7 @@ def options(args: argparse.Namespace) -> Options:
         connections=args.connections,
         loadgen=args.loadgen,
         profile=args.profile,
+        stages=not args.no_stages,
     )
 
 
