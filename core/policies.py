@@ -65,9 +65,10 @@ class NotifyingStore(Protocol):
 class KvWatchingStore(Protocol):
     """A store that says when an entry of a key-value namespace changes, so a process may
     remember entries (SQLite: its only writer hears itself; PostgreSQL: every replica hears by
-    NOTIFY). `on_change(key)` follows every change (this process's own too); `on_change(None)`
-    means news may have been missed: forget them all. Remember nothing while `kv_watched()` is
-    False."""
+    NOTIFY). `on_change(key)` follows every change made with `kv_set(..., announce=True)` or
+    `kv_delete(..., announce=True)`, this process's own too: the writers of a watched namespace
+    announce, and other writes pay nothing for it. `on_change(None)` means news may have been
+    missed: forget them all. Remember nothing while `kv_watched()` is False."""
 
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None: ...
 

@@ -853,7 +853,9 @@ async def test_delivery_reports_only_move_forward(store: Store) -> None:
     assert await store.kv_get("ns", "k") is None
 
 
-async def test_every_key_value_change_is_told_to_the_namespace_watchers(store: Store) -> None:
+async def test_every_announced_key_value_change_is_told_to_the_namespace_watchers(
+    store: Store,
+) -> None:
     from core.policies import KvWatchingStore
 
     assert isinstance(store, KvWatchingStore)
@@ -861,10 +863,12 @@ async def test_every_key_value_change_is_told_to_the_namespace_watchers(store: S
     await store.watch_kv("ns", heard.append)
     assert store.kv_watched()
     heard.clear()  # PostgreSQL: a new LISTEN connection first says "forget everything"
-    await store.kv_set("ns", "a", "1")
-    await store.kv_set("other", "b", "1")  # another namespace: not told
-    await store.kv_set("ns", "a", "2")
-    await store.kv_delete("ns", "a")
+    await store.kv_set("ns", "a", "1", announce=True)
+    await store.kv_set("other", "b", "1", announce=True)  # another namespace: not told
+    await store.kv_set("ns", "quiet", "1")  # not announced: nobody is told (no NOTIFY)
+    await store.kv_delete("ns", "quiet")
+    await store.kv_set("ns", "a", "2", announce=True)
+    await store.kv_delete("ns", "a", announce=True)
     deadline = time.monotonic() + 5
     while len(heard) < 3 and time.monotonic() < deadline:  # PostgreSQL: by NOTIFY
         await asyncio.sleep(0.01)

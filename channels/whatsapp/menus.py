@@ -4,9 +4,9 @@ shows them as a numbered list; a later "2" or a typed title picks one).
 The store holds them, so they survive a restart and every replica sees them. Most sessions
 never have one, so this process also remembers, for recent sessions, what the store holds, and
 a text or a reply in such a session costs no store read (the first look at a session reads
-it). The store tells of every change (SQLite: this process is its only writer; PostgreSQL:
-NOTIFY to every replica), which forgets that session's entry, and while such news could be
-missed (PostgreSQL's LISTEN connection is down) nothing is remembered.
+it). Every change is announced and the store tells of each (SQLite: this process is its only
+writer; PostgreSQL: NOTIFY to every replica), which forgets that session's entry, and while
+such news could be missed (PostgreSQL's LISTEN connection is down) nothing is remembered.
 """
 
 from __future__ import annotations
@@ -61,9 +61,9 @@ class Menus:
     async def show(self, session: str, menu: Menu) -> None:
         """`menu` is the one the person now sees (empty: none, any earlier one is over)."""
         if menu:
-            await self._store.kv_set(NS_MENU, session, menu_to_json(menu))
+            await self._store.kv_set(NS_MENU, session, menu_to_json(menu), announce=True)
         elif await self.get(session):
-            await self._store.kv_set(NS_MENU, session, "")
+            await self._store.kv_set(NS_MENU, session, "", announce=True)
         else:
             return
         self._changes += 1

@@ -302,9 +302,11 @@ class Store(Protocol):
     # small durable state for adapters (polling offsets, long button ids, cached identities)
     async def kv_get(self, namespace: str, key: str) -> str | None: ...
 
-    async def kv_set(self, namespace: str, key: str, value: str) -> None: ...
+    async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
+        """`announce`: tell those watching `namespace` (KvWatchingStore), in every replica.
+        Only announced changes are told; the writers of a watched namespace announce."""
 
-    async def kv_delete(self, namespace: str, key: str) -> None: ...
+    async def kv_delete(self, namespace: str, key: str, *, announce: bool = False) -> None: ...
 
     async def kv_items(self, namespace: str) -> dict[str, str]:
         """Every key of a (small) namespace, e.g. the pending pairing codes."""

@@ -442,9 +442,14 @@ class PostgresStore:
             )
         return None if value is None else str(value)
 
-    async def kv_delete(self, namespace: str, key: str) -> None:
-        async with self._conn() as c:  # the change and its news commit together
-            await c.execute(
+    async def kv_delete(self, namespace: str, key: str, *, announce: bool = False) -> None:
+        async with self._conn() as c:
+            if not announce:
+                await c.execute(
+                    "DELETE FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
+                )
+                return
+            await c.execute(  # the change and its news commit together
                 "WITH gone AS (DELETE FROM channel_state WHERE namespace = $1 AND key = $2)"
                 " SELECT pg_notify($3, $4)",
                 namespace,
@@ -460,13 +465,20 @@ class PostgresStore:
             )
         return {r[0]: r[1] for r in rows}
 
-    async def kv_set(self, namespace: str, key: str, value: str) -> None:
-        async with self._conn() as c:  # the change and its news commit together
-            await c.execute(
-                "WITH up AS (INSERT INTO channel_state (namespace, key, value, updated_at)"
-                " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
-                " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
-                " RETURNING 1) SELECT pg_notify($5, $6) FROM up",
+    async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
+        """An announced change NOTIFYs every replica (PostgreSQL serializes the commits of
+        notifying transactions, and each replica wakes for it): only watched namespaces."""
+        upsert = (
+            "INSERT INTO channel_state (namespace, key, value, updated_at)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
+            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
+        )
+        async with self._conn() as c:
+            if not announce:
+                await c.execute(upsert, namespace, key, value, time.time())
+                return
+            await c.execute(  # the change and its news commit together
+                f"WITH up AS ({upsert} RETURNING 1) SELECT pg_notify($5, $6) FROM up",
                 namespace,
                 key,
                 value,

@@ -592,12 +592,13 @@ class SqliteStore:
         )
         return None if row is None else str(row[0])
 
-    async def kv_delete(self, namespace: str, key: str) -> None:
+    async def kv_delete(self, namespace: str, key: str, *, announce: bool = False) -> None:
         def op(c: sqlite3.Connection) -> None:
             c.execute("DELETE FROM channel_state WHERE namespace = ? AND key = ?", (namespace, key))
 
         await self._write(op)
-        self._kv_watchers.changed(namespace, key)
+        if announce:
+            self._kv_watchers.changed(namespace, key)
 
     async def kv_items(self, namespace: str) -> dict[str, str]:
         rows = await self._read(
@@ -607,7 +608,7 @@ class SqliteStore:
         )
         return {r[0]: r[1] for r in rows}
 
-    async def kv_set(self, namespace: str, key: str, value: str) -> None:
+    async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
         def op(c: sqlite3.Connection) -> None:
             c.execute(
                 "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES (?, ?, ?, ?)"
@@ -617,11 +618,12 @@ class SqliteStore:
             )
 
         await self._write(op)
-        self._kv_watchers.changed(namespace, key)
+        if announce:
+            self._kv_watchers.changed(namespace, key)
 
     async def watch_kv(self, namespace: str, on_change: Callable[[str | None], None]) -> None:
-        """Call `on_change(key)` after each change of an entry of `namespace`: this process is
-        the store's only writer, so it makes (and hears of) every one."""
+        """Call `on_change(key)` after each announced change of an entry of `namespace`: this
+        process is the store's only writer, so it makes (and hears of) every one."""
         self._kv_watchers.add(namespace, on_change)
 
     def kv_watched(self) -> bool:
