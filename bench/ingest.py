@@ -48,6 +48,7 @@ class Options:
     warmup_s: float = 1.0
     profile: bool = False
     stages: bool = True  # each route on SQLite again, cut short before each stage
+    minimal: bool = True  # the issue's reference handler (bench.bare minimal), WhatsApp only
 
 
 def _requests(channel: str, count: int) -> list[HttpReq]:
@@ -134,6 +135,27 @@ async def _baseline(kind: str, channel: str, opts: Options, result: Result) -> _
     return _Measured(sat, cpu, lat)
 
 
+async def _minimal(opts: Options, result: Result, bare: _Measured) -> None:
+    """The issue's reference for the 0.6x target, measured here: an HMAC check, a JSON parse
+    and one SQLite INSERT per WhatsApp webhook, committed with no fsync, and with one fsync
+    per request (the gateway's guarantee, without its batching)."""
+    for synchronous, case in (("NORMAL", "no fsync"), ("FULL", "fsync each")):
+        async with start_baseline("minimal", "--synchronous", synchronous) as (url, proc):
+            await _warm(url, "whatsapp", opts)
+            sat, cpu = await _saturate(url, "whatsapp", opts, bare.sat.rate, proc)
+        result.add(
+            f"whatsapp/minimal, {case}",
+            "webhooks/s, saturated",
+            sat.rate,
+            "/s",
+            baseline=bare.sat.rate,
+            baseline_name="bare aiohttp",
+        )
+        result.notes.append(
+            f"whatsapp minimal handler ({case}): {sat.describe()}; {cpu:.0f} µs CPU per webhook"
+        )
+
+
 async def run(opts: Options) -> Result:
     pin_self()
     result = Result("ingest")
@@ -178,6 +200,8 @@ async def run(opts: Options) -> Result:
                         "kind": "baseline",
                     }
                 )
+            if channel == "whatsapp" and opts.minimal:
+                await _minimal(opts, result, bare)
             for store in stores:
                 await _gateway(channel, store, opts, result, platform, bare, bolt, series)
     finally:
@@ -357,6 +381,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-stages", action="store_true", help="skip the routes cut short at each stage"
     )
+    p.add_argument(
+        "--no-minimal", action="store_true", help="skip the issue's minimal reference handler"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "last")
     return p
 
@@ -372,6 +399,7 @@ def options(args: argparse.Namespace) -> Options:
         loadgen=args.loadgen,
         profile=args.profile,
         stages=not args.no_stages,
+        minimal=not args.no_minimal,
     )
 
 
