@@ -143,17 +143,22 @@ async def _minimal(opts: Options, result: Result, bare: _Measured) -> None:
         async with start_baseline("minimal", "--synchronous", synchronous) as (url, proc):
             await _warm(url, "whatsapp", opts)
             sat, cpu = await _saturate(url, "whatsapp", opts, bare.sat.rate, proc)
-        result.add(
-            f"whatsapp/minimal, {case}",
-            "webhooks/s, saturated",
-            sat.rate,
-            "/s",
-            baseline=bare.sat.rate,
-            baseline_name="bare aiohttp",
-        )
-        result.notes.append(
-            f"whatsapp minimal handler ({case}): {sat.describe()}; {cpu:.0f} µs CPU per webhook"
-        )
+        _rate_row(result, f"whatsapp/minimal, {case}", "webhooks/s, saturated", sat, cpu, bare)
+
+
+def _rate_row(
+    result: Result,
+    case: str,
+    metric: str,
+    sat: LoadStats,
+    cpu_us: float,
+    base: _Measured,
+    base_name: str = "bare aiohttp",
+) -> None:
+    """A saturated rate measured on its own (no latency runs): its row, and a note with the
+    load generator's figures and the server's CPU per webhook."""
+    result.add(case, metric, sat.rate, "/s", baseline=base.sat.rate, baseline_name=base_name)
+    result.notes.append(f"{case}, {metric}: {sat.describe()}; {cpu_us:.0f} µs CPU per webhook")
 
 
 async def run(opts: Options) -> Result:
@@ -222,14 +227,7 @@ async def _gateway(
     series: dict[str, list[dict[str, float | str]]],
 ) -> None:
     case = f"{channel}/{store}"
-    gw_opts = GatewayOptions(
-        channels=(channel,),
-        store=store,
-        platform_url=platform.url,
-        runs=False,
-        poll_interval_s=600,
-    )
-    async with run_gateway(gw_opts) as gw:
+    async with run_gateway(_route_options(channel, store, platform)) as gw:
         acked = await _warm(gw.url, channel, opts)
         # the steady rate first: after the saturated burst, the store is still absorbing it
         # (and with runs off, every message of the burst stays pending), measured after that
@@ -340,28 +338,26 @@ async def _stages(
     writes it. Explains the ratio (Slack's: to Bolt); never a result of the route itself."""
     base, base_name = (bolt, "bare slack-bolt") if bolt is not None else (bare, "bare aiohttp")
     for stage in STAGES:
-        gw_opts = GatewayOptions(
-            channels=(channel,),
-            store=store,
-            platform_url=platform.url,
-            runs=False,
-            poll_interval_s=600,
-            stop_before=stage,
-        )
-        async with run_gateway(gw_opts) as gw:
+        async with run_gateway(_route_options(channel, store, platform, stage)) as gw:
             await _warm(gw.url, channel, opts)
             sat, cpu = await _saturate(gw.url, channel, opts, bare.sat.rate, gw.proc)
-        result.add(
-            f"{channel}/{store}",
-            _STAGE_ROWS[stage],
-            sat.rate,
-            "/s",
-            baseline=base.sat.rate,
-            baseline_name=base_name,
-        )
-        result.notes.append(
-            f"{channel}/{store} cut before {stage}: {sat.describe()}; {cpu:.0f} µs CPU per webhook"
-        )
+            if stored := await gw.stored():  # the cut did not take: the row would be the route
+                raise RuntimeError(f"{channel}/{store} cut before {stage} stored {stored}")
+        _rate_row(result, f"{channel}/{store}", _STAGE_ROWS[stage], sat, cpu, base, base_name)
+
+
+def _route_options(
+    channel: str, store: str, platform: FakePlatform, stop_before: str = ""
+) -> GatewayOptions:
+    """The gateway serving one route, session runs off (bench.noruns), nothing polled."""
+    return GatewayOptions(
+        channels=(channel,),
+        store=store,
+        platform_url=platform.url,
+        runs=False,
+        poll_interval_s=600,
+        stop_before=stop_before,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
