@@ -866,9 +866,13 @@ async def test_every_announced_key_value_change_is_told_to_the_namespace_watcher
     await store.kv_set("ns", "a", "1", announce=True)
     await store.kv_set("other", "b", "1", announce=True)  # another namespace: not told
     await store.kv_set("ns", "quiet", "1")  # not announced: nobody is told (no NOTIFY)
+    assert await store.kv_get("ns", "quiet") == "1"
     await store.kv_delete("ns", "quiet")
     await store.kv_set("ns", "a", "2", announce=True)
+    assert await store.kv_get("ns", "a") == "2"  # announced or not, the change is made
     await store.kv_delete("ns", "a", announce=True)
+    assert await store.kv_get("ns", "a") is None
+    assert await store.kv_get("ns", "quiet") is None
     deadline = time.monotonic() + 5
     while len(heard) < 3 and time.monotonic() < deadline:  # PostgreSQL: by NOTIFY
         await asyncio.sleep(0.01)

@@ -443,20 +443,9 @@ class PostgresStore:
         return None if value is None else str(value)
 
     async def kv_delete(self, namespace: str, key: str, *, announce: bool = False) -> None:
-        async with self._conn() as c:
-            if not announce:
-                await c.execute(
-                    "DELETE FROM channel_state WHERE namespace = $1 AND key = $2", namespace, key
-                )
-                return
-            await c.execute(  # the change and its news commit together
-                "WITH gone AS (DELETE FROM channel_state WHERE namespace = $1 AND key = $2)"
-                " SELECT pg_notify($3, $4)",
-                namespace,
-                key,
-                KV_CHANNEL,
-                json.dumps([namespace, key]),
-            )
+        await self._kv_write(
+            namespace, key, announce, "DELETE FROM channel_state WHERE namespace = $1 AND key = $2"
+        )
 
     async def kv_items(self, namespace: str) -> dict[str, str]:
         async with self._conn() as c:
@@ -466,23 +455,34 @@ class PostgresStore:
         return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
-        """An announced change NOTIFYs every replica (PostgreSQL serializes the commits of
-        notifying transactions, and each replica wakes for it): only watched namespaces."""
-        upsert = (
+        await self._kv_write(
+            namespace,
+            key,
+            announce,
             "INSERT INTO channel_state (namespace, key, value, updated_at)"
             " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
-            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at"
+            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            value,
+            time.time(),
         )
+
+    async def _kv_write(
+        self, namespace: str, key: str, announce: bool, statement: str, *more: Any
+    ) -> None:
+        """`statement` changes the entry ($1 namespace, $2 key, then `more`). Announced: with
+        a NOTIFY to every replica in the same statement (a data-modifying WITH runs whether or
+        not it is read), so the change and its news commit together. Only watched namespaces
+        are announced: PostgreSQL serializes the commits of notifying transactions, and each
+        replica wakes for them."""
+        args = (namespace, key, *more)
         async with self._conn() as c:
             if not announce:
-                await c.execute(upsert, namespace, key, value, time.time())
+                await c.execute(statement, *args)
                 return
-            await c.execute(  # the change and its news commit together
-                f"WITH up AS ({upsert} RETURNING 1) SELECT pg_notify($5, $6) FROM up",
-                namespace,
-                key,
-                value,
-                time.time(),
+            n = len(args)
+            await c.execute(
+                f"WITH change AS ({statement}) SELECT pg_notify(${n + 1}, ${n + 2})",
+                *args,
                 KV_CHANNEL,
                 json.dumps([namespace, key]),
             )
