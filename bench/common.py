@@ -36,6 +36,7 @@ __all__ = [
     "Proc",
     "Result",
     "Row",
+    "Steal",
     "free_port",
     "machine_facts",
     "percentile",
@@ -290,6 +291,35 @@ class Result:
             print(f"- {note}")
         for name, text in self.profiles.items():
             print(f"\nprofile {name}:\n{text}")
+
+
+class Steal:
+    """The share of each core's time the hypervisor gave to someone else (the `steal`
+    column of /proc/stat) between `start` and `text`: on a shared virtual machine it is
+    where a noisy figure's time went. Empty where /proc/stat is missing (not Linux)."""
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    @staticmethod
+    def _read() -> dict[str, list[int]]:
+        try:
+            lines = Path("/proc/stat").read_text().splitlines()
+        except OSError:
+            return {}
+        return {
+            f"core {name[3:]}": [int(v) for v in values]
+            for name, *values in (line.split() for line in lines)
+            if name.startswith("cpu") and name[3:].isdigit() and len(values) >= 8
+        }
+
+    def text(self) -> str:
+        end, shares = self._read(), []
+        for core, start in self._start.items():
+            spent = [b - a for a, b in zip(start, end.get(core, start), strict=True)]
+            if sum(spent) > 0:
+                shares.append(f"{core} {100 * spent[7] / sum(spent):.0f}%")
+        return f"CPU stolen by the host: {', '.join(shares)}" if shares else ""
 
 
 def _version(dist: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from bench.common import Proc, percentile
+from bench.common import Proc, Steal, percentile
 from bench.fakes import FakePlatform
 from bench.payloads import build, user_id
 
@@ -46,6 +46,7 @@ class Drive:
     timeouts: int = 0
     window_s: float = 0.0
     cpu_s: float = 0.0  # the server's CPU time inside the window
+    steal: str = ""  # the host's steal of each core inside the window (Steal.text)
     latencies_ms: list[float] = field(default_factory=list)
 
     @property
@@ -64,7 +65,7 @@ class Drive:
             f"{self.answered} answered in {self.window_s:.1f}s = {self.rate:.0f}/s, "
             f"{self.cpu_ms_per_answer:.2f} ms CPU/answer, p50 {self.p(50):.1f} ms, "
             f"p99 {self.p(99):.1f} ms, {self.errors} errors, {self.timeouts} timeouts"
-        )
+        ) + (f", {self.steal}" if self.steal else "")
 
 
 async def drive(
@@ -87,11 +88,14 @@ async def drive(
     loop_start = time.perf_counter()
     start, end = loop_start + warmup_s, loop_start + warmup_s + duration_s
     cpu: list[float] = []
+    steal: list[Steal] = []
 
     async def marker() -> None:
         for moment in (start, end):
             await asyncio.sleep(max(0.0, moment - time.perf_counter()))
             cpu.append(proc.cpu_s())
+            if not steal:
+                steal.append(Steal())
 
     connector = aiohttp.TCPConnector(limit=max(conversations, 1))
     timeout = aiohttp.ClientTimeout(total=30)
@@ -140,4 +144,5 @@ async def drive(
             await mark
     out.window_s = max(0.0, min(end, finished) - start)
     out.cpu_s = cpu[1] - cpu[0] if len(cpu) >= 2 else float("nan")
+    out.steal = steal[0].text() if steal else ""
     return out

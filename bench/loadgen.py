@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import LOAD_CORE, percentile, pin
+from bench.common import LOAD_CORE, Steal, percentile, pin
 from bench.payloads import HttpReq
 
 __all__ = ["LoadStats", "closed_loop", "have_wrk", "open_loop", "wrk"]
@@ -37,6 +37,7 @@ class LoadStats:
     p50_ms: float = float("nan")
     p99_ms: float = float("nan")
     wrapped: bool = False  # wrk ran out of unique requests and repeated some
+    steal: str = ""  # the host's steal of each core while the loop ran (Steal.text)
 
     @property
     def rate(self) -> float:
@@ -46,7 +47,9 @@ class LoadStats:
     def errors(self) -> int:
         return self.sent - self.ok
 
-    def finish(self) -> LoadStats:
+    def finish(self, steal: Steal | None = None) -> LoadStats:
+        if steal is not None:
+            self.steal = steal.text()
         if self.latencies_ms:
             self.p50_ms = percentile(self.latencies_ms, 50)
             self.p99_ms = percentile(self.latencies_ms, 99)
@@ -58,7 +61,7 @@ class LoadStats:
             f"{self.tool}: {self.ok}/{self.sent} ok in {self.elapsed_s:.1f}s = {self.rate:.0f}/s, "
             f"p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms"
         )
-        return text + (f"; errors {bad}" if bad else "")
+        return text + (f"; errors {bad}" if bad else "") + (f"; {self.steal}" if self.steal else "")
 
 
 @contextlib.contextmanager
@@ -106,6 +109,7 @@ async def closed_loop(
     timeout = aiohttp.ClientTimeout(total=30)
     t0 = time.perf_counter()
     deadline = t0 + duration_s
+    steal = Steal()
     async with aiohttp.ClientSession(connector=_connector(concurrency), timeout=timeout) as http:
 
         async def worker() -> None:
@@ -116,7 +120,7 @@ async def closed_loop(
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     stats.elapsed_s = time.perf_counter() - t0
-    return stats.finish()
+    return stats.finish(steal)
 
 
 async def open_loop(
@@ -132,7 +136,7 @@ async def open_loop(
         async with aiohttp.ClientSession(
             connector=_connector(max_in_flight), timeout=timeout
         ) as http:
-            t0 = time.perf_counter()
+            t0, steal = time.perf_counter(), Steal()
             for i in range(count):
                 due = t0 + i / rate
                 delay = due - time.perf_counter()
@@ -148,7 +152,7 @@ async def open_loop(
             if tasks:
                 await asyncio.wait(tasks, timeout=30)
             stats.elapsed_s = max(time.perf_counter() - t0, count / rate)
-    return stats.finish()
+    return stats.finish(steal)
 
 
 def have_wrk() -> bool:
@@ -211,7 +215,9 @@ def wrk(base: str, reqs: Sequence[HttpReq], *, connections: int, duration_s: flo
             "--",
             str(data),
         ]
+        steal = Steal()
         out = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 120)
+        stolen = steal.text()
     m = re.search(r"BENCH (.*)", out.stdout)
     if out.returncode != 0 or m is None:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stdout}\n{out.stderr}")
@@ -229,4 +235,5 @@ def wrk(base: str, reqs: Sequence[HttpReq], *, connections: int, duration_s: flo
     stats.elapsed_s = f["duration_us"] / 1e6
     stats.p50_ms, stats.p99_ms = f["p50_us"] / 1000, f["p99_us"] / 1000
     stats.wrapped = stats.sent > len(reqs)
+    stats.steal = stolen
     return stats

@@ -66,6 +66,9 @@ def _wrong(result: Result) -> list[str]:
             bad.append(f"{result.bench}: {row.metric} {row.value:g} of {row.baseline:g}")
         if row.value != row.value:  # NaN: nothing was measured
             bad.append(f"{result.bench}: {row.case} {row.metric} measured nothing")
+    told = any("CPU stolen by the host: core 0" in note for note in result.notes)
+    if result.bench in ("ingest", "e2e") and Path("/proc/stat").exists() and not told:
+        bad.append(f"{result.bench}: no load note tells the host's steal of each core")
     return bad
 
 
