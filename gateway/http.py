@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from channels.surrogates import mend_json
 from core.errors import StoreError
 from gateway.keys import METRICS
 
@@ -59,7 +60,7 @@ async def read_json(request: web.Request) -> Any:
     """The body as JSON, or HTTP 400/413 with a reason."""
     raw = await request.read()  # raises 413 past the app's client_max_size
     try:
-        return json.loads(raw)
+        return json.loads(mend_json(raw))
     except UnicodeDecodeError:
         raise web.HTTPBadRequest(text="body is not valid UTF-8") from None
     except ValueError as exc:

@@ -237,6 +237,20 @@ async def test_restart_answers_what_was_stored_but_not_answered(
     assert replies[0]["text"] == "echo: are you there?"
 
 
+async def test_a_lone_surrogate_is_mended_and_answered(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    """Half of a UTF-16 pair is valid JSON but no valid UTF-8: kept as U+FFFD, not a 500."""
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
+    async with browser(gw) as client:
+        body = json.dumps({"text": "broken \ud83d emoji", "client_id": "c1"}).encode()
+        headers = {"Content-Type": "application/json"}
+        r = await client.post("/chat/messages", content=body, headers=headers)
+        assert r.status_code == 202, r.text
+        replies = await wait_replies(client, 1)
+    assert replies[0]["text"] == "echo: broken \ufffd emoji"
+
+
 async def test_bad_requests_get_json_errors_never_500(
     tmp_path: Path, start_gateway: Callable[..., Any]
 ) -> None:

@@ -326,6 +326,22 @@ async def test_button_round_trip(
     assert "pressed the button: Yes, book it" in last_user_text(fake_openai.requests[-1])
 
 
+async def test_a_lone_surrogate_is_mended_in_events_and_clicks(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """Half of a UTF-16 pair is valid JSON but no valid UTF-8: kept as U+FFFD, not lost."""
+    r = await gw.post(event(message(DM, "broken \ud83d emoji")))
+    assert r.status_code == 200
+    (reply,) = await slack.wait_for(lambda: slack.posted(DM))
+    assert reply["text"] == "echo: broken \ufffd emoji"
+    click = payload("block_actions")
+    click["actions"][0]["text"]["text"] = "Yes \ud83d"
+    r = await gw.post(urlencode({"payload": json.dumps(click)}).encode())
+    assert r.status_code == 200
+    await slack.wait_for(lambda: len(fake_openai.requests) == 2)
+    assert "pressed the button: Yes \ufffd" in last_user_text(fake_openai.requests[-1])
+
+
 async def test_slash_command_reset_is_answered_by_core(gw: SlackGateway, slack: FakeSlack) -> None:
     form = urlencode(payload("slash_command")).encode()
     r = await gw.post(form)

@@ -96,6 +96,17 @@ async def test_unknown_update_kinds_are_acknowledged_and_ignored(
     assert gw.inbox() == []
 
 
+async def test_a_lone_surrogate_is_mended_not_refused(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """Half of a UTF-16 pair is valid JSON but no valid UTF-8: the message is kept with
+    U+FFFD in its place (it once failed at the store, after the webhook was answered)."""
+    resp = await gw.post(tg.message(ANA, "broken \ud83d emoji"))
+    assert resp.status_code == 200
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    assert last_user_text(fake_openai.requests[0]).endswith("broken \ufffd emoji")
+
+
 async def test_a_button_press_is_acknowledged_even_when_it_carries_nothing(
     gw: Gateway, tg: FakeTelegram
 ) -> None:

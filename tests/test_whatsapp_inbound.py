@@ -171,6 +171,22 @@ async def test_three_messages_in_one_payload(gw: Gateway, fake_openai: FakeOpenA
     assert [w for w in ("first", "second", "third") if w in asked] == ["first", "second", "third"]
 
 
+async def test_a_lone_surrogate_is_mended_and_the_rest_of_the_notification_kept(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    """Half of a UTF-16 pair (valid JSON, no valid UTF-8) once made a 500 on every delivery:
+    the messages after it were never stored."""
+    data = payload("three_messages")
+    value = data["entry"][0]["changes"][0]["value"]
+    value["contacts"][0]["profile"]["name"] = "Ana \ud83d"
+    value["messages"][1]["text"]["body"] = "second \ud83d broken"
+    assert (await gw.notify(data)).status_code == 200
+    await until(lambda: "third" in "".join(gw.graph.texts(USER)))
+    asked = "\n".join(last_user_text(b) for b in fake_openai.requests)
+    assert "second \ufffd broken" in asked
+    assert [w for w in ("first", "second", "third") if w in asked] == ["first", "second", "third"]
+
+
 async def test_entries_for_two_numbers_are_two_sessions(gw: Gateway) -> None:
     await gw.notify(payload("multi_entry"))
     await until(lambda: len(gw.graph.sent) == 2)

@@ -40,6 +40,7 @@ from channels.slack.files import Downloader
 from channels.slack.identity import BotIdentity
 from channels.slack.parse import Incoming, parse_action, parse_command, parse_event
 from channels.slack.settings import SlackSettings
+from channels.surrogates import mend_json, mend_strings
 from core.errors import StoreError
 from core.models import Attachment, InboundMessage
 
@@ -86,7 +87,7 @@ class Inbound:
         if not raw.lstrip().startswith((b"{", b"[")):
             return await self._bolt(request)
         try:
-            body = json.loads(raw)
+            body = json.loads(mend_json(raw))
         except (ValueError, RecursionError):
             return web.json_response({"error": "body is not valid JSON"}, status=400)
         if not isinstance(body, dict):
@@ -152,11 +153,11 @@ class Inbound:
         return None if incoming is None else self.accept(incoming)
 
     def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None:
-        incoming = parse_action(payload)
+        incoming = parse_action(mend_strings(payload))
         return None if incoming is None else self.accept(incoming)
 
     def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None:
-        incoming = parse_command(form)
+        incoming = parse_command(mend_strings(form))
         return None if incoming is None else self.accept(incoming)
 
     def accept(self, incoming: Incoming) -> asyncio.Task[bool] | None:

@@ -16,6 +16,7 @@ from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.inbound import Inbound
+from channels.surrogates import mend_strings
 
 __all__ = ["SocketMode"]
 
@@ -42,7 +43,7 @@ class SocketMode:
         if not isinstance(payload, dict):
             return
         if req.type == "events_api" and payload.get("type") == "event_callback":
-            self._inbound.on_event(payload)
+            self._inbound.on_event(mend_strings(payload))
         elif req.type == "interactive":
             self._inbound.on_action(payload)
         elif req.type == "slash_commands":

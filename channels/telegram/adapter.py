@@ -24,6 +24,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from channels.base import ChannelContext, webhook_ok
+from channels.surrogates import mend_json, mend_strings
 from channels.telegram.client import TelegramClient
 from channels.telegram.live import Live
 from channels.telegram.media import fetch_all
@@ -83,7 +84,7 @@ class TelegramAdapter:
             return web.json_response({"error": "forbidden"}, status=403)
         raw = await request.read()
         try:
-            update = Update.model_validate_json(raw)
+            update = Update.model_validate_json(mend_json(raw))
         except ValidationError as exc:
             return web.json_response({"error": _reason(exc)}, status=400)
         await self._accept(update, self._section.media_timeout_s)
@@ -204,7 +205,7 @@ class TelegramAdapter:
 
     async def _poll_one(self, data: dict[str, Any]) -> None:
         try:
-            update = Update.model_validate(data)
+            update = Update.model_validate(mend_strings(data))
         except ValidationError as exc:
             log.warning("skipping an update Telegram sent that we cannot read: %s", _reason(exc))
             return

@@ -22,6 +22,7 @@ from cachetools import LRUCache
 from pydantic import SecretStr
 
 from channels.base import BadInput, ChannelContext, webhook_ok
+from channels.surrogates import mend_json
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus
@@ -124,7 +125,7 @@ class WhatsAppAdapter:
             log.warning("WhatsApp notification with a bad signature", extra={"channel": CHANNEL})
             raise web.HTTPForbidden(text="bad signature")
         try:
-            events = parse_json(raw, self._numbers, time.time())
+            events = parse_json(mend_json(raw), self._numbers, time.time())
         except (ValueError, RecursionError, BadInput) as exc:
             reason = str(exc) if isinstance(exc, BadInput) else "body is not valid JSON"
             raise web.HTTPBadRequest(text=reason) from None
