@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from channels.surrogates import mend_json
+from channels.mend import mend_json
 from core.errors import StoreError
 from gateway.keys import METRICS
 

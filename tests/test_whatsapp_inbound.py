@@ -171,19 +171,21 @@ async def test_three_messages_in_one_payload(gw: Gateway, fake_openai: FakeOpenA
     assert [w for w in ("first", "second", "third") if w in asked] == ["first", "second", "third"]
 
 
-async def test_a_lone_surrogate_is_mended_and_the_rest_of_the_notification_kept(
+async def test_a_lone_surrogate_or_nul_is_mended_and_the_rest_of_the_notification_kept(
     gw: Gateway, fake_openai: FakeOpenAI
 ) -> None:
     """Half of a UTF-16 pair (valid JSON, no valid UTF-8) once made a 500 on every delivery:
-    the messages after it were never stored."""
+    the messages after it were never stored. A NUL is refused by PostgreSQL's text columns."""
     data = payload("three_messages")
     value = data["entry"][0]["changes"][0]["value"]
     value["contacts"][0]["profile"]["name"] = "Ana \ud83d"
     value["messages"][1]["text"]["body"] = "second \ud83d broken"
+    value["messages"][2]["text"]["body"] = "third \x00 nul"
     assert (await gw.notify(data)).status_code == 200
     await until(lambda: "third" in "".join(gw.graph.texts(USER)))
     asked = "\n".join(last_user_text(b) for b in fake_openai.requests)
     assert "second \ufffd broken" in asked
+    assert "third \ufffd nul" in asked
     assert [w for w in ("first", "second", "third") if w in asked] == ["first", "second", "third"]
 
 

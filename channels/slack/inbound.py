@@ -35,12 +35,12 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_sdk.signature import SignatureVerifier
 
 from channels.base import ChannelContext
+from channels.mend import mend_json, mend_strings
 from channels.slack.bolt import build_bolt
 from channels.slack.files import Downloader
 from channels.slack.identity import BotIdentity
 from channels.slack.parse import Incoming, parse_action, parse_command, parse_event
 from channels.slack.settings import SlackSettings
-from channels.surrogates import mend_json, mend_strings
 from core.errors import StoreError
 from core.models import Attachment, InboundMessage
 

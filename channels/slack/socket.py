@@ -15,8 +15,8 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from channels.mend import mend_strings
 from channels.slack.inbound import Inbound
-from channels.surrogates import mend_strings
 
 __all__ = ["SocketMode"]
 

@@ -24,7 +24,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from channels.base import ChannelContext, webhook_ok
-from channels.surrogates import mend_json, mend_strings
+from channels.mend import mend_json, mend_strings
 from channels.telegram.client import TelegramClient
 from channels.telegram.live import Live
 from channels.telegram.media import fetch_all

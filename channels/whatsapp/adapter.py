@@ -22,7 +22,7 @@ from cachetools import LRUCache
 from pydantic import SecretStr
 
 from channels.base import BadInput, ChannelContext, webhook_ok
-from channels.surrogates import mend_json
+from channels.mend import mend_json
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus

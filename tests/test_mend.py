@@ -1,4 +1,4 @@
-"""Lone UTF-16 surrogates are mended at the edge (channels/surrogates.py)."""
+"""Lone UTF-16 surrogates and NUL characters are mended at the edge (channels/mend.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from channels.surrogates import mend_json, mend_strings
+from channels.mend import mend_json, mend_strings
 
 
-def test_a_lone_half_becomes_the_replacement_character() -> None:
-    for raw in (rb'"x \ud83d y"', rb'"x \uDE00 y"', rb'"\ude00\ud83d"', rb'"\ud83d\ud83d\ude00"'):
+def test_a_lone_half_or_a_nul_becomes_the_replacement_character() -> None:
+    halves = (rb'"x \ud83d y"', rb'"\uDE00"', rb'"\ude00\ud83d"', rb'"\ud83d\ud83d\ude00"')
+    for raw in (*halves, rb'"a \u0000 b"'):
         mended = json.loads(mend_json(raw))
         mended.encode()  # valid UTF-8 now
         assert "\ufffd" in mended
@@ -21,7 +22,7 @@ def test_pairs_and_escaped_backslashes_are_left_as_they_are() -> None:
     clean = (rb'"\ud83d\ude00"', rb'"\uD83D\uDE00 ok"', rb'"\\ud83d"', rb'"plain"', b'"\xc3\xa9"')
     for raw in clean:
         assert mend_json(raw) == raw
-    assert mend_json(clean[-1]) is clean[-1]  # no surrogate escape at all: not even copied
+    assert mend_json(clean[-1]) is clean[-1]  # nothing to mend: not even copied
     assert json.loads(mend_json(rb'"\\\ud83d"')) == "\\\ufffd"  # a backslash, then a lone half
 
 
@@ -29,6 +30,7 @@ def test_decoded_values_are_mended_and_returned_as_they_are_when_clean() -> None
     clean = {"a": ["b", {"c": 1, "d": None}], "é": "ü"}
     assert mend_strings(clean) is clean
     assert mend_strings({"a": ["x\ud83d"], "\udc00": 2}) == {"a": ["x\ufffd"], "\ufffd": 2}
+    assert mend_strings(["a\x00b", "\ud83d\ude00"]) == ["a\ufffdb", "\U0001f600"]
 
 
 @given(st.text(st.characters(exclude_categories=())))
