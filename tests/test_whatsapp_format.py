@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from channels.whatsapp.adapter import OUTPUT_RULES
 from channels.whatsapp.format import _MD, _plain_units, _Walker, chunk, plain, wlen
 from channels.whatsapp.outbound import (
     match_menu,
@@ -31,6 +32,13 @@ def plan(reply: Reply, interactive: bool = True) -> list[dict[str, Any]]:
 def test_styles_become_whatsapp_markers() -> None:
     md = "Some **bold**, *italic*, ~~gone~~ and `code`; **bold _both_ more**."
     assert chunk(md) == ["Some *bold*, _italic_, ~gone~ and ```code```; *bold _both_ more*."]
+
+
+def test_the_styles_the_model_is_told_to_write_are_the_ones_shown() -> None:
+    """The output rules once told the model WhatsApp's own `*bold*`, which the converter
+    reads as Markdown emphasis and sends as italics."""
+    told = OUTPUT_RULES.split("WhatsApp shows ", 1)[1].split(", but", 1)[0]
+    assert chunk(told) == ["*bold*, _italic_, ~strikethrough~ and ```code```"]
 
 
 def test_markers_hug_their_text() -> None:

@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 PATH = "/webhooks/whatsapp"
 OUTPUT_RULES = (
     "This is WhatsApp on a phone. Keep answers short: a few sentences or a short list. "
-    "Formatting shown: *bold*, _italic_, ~strikethrough~ and ```monospace```; headings, tables "
-    "and link labels are not shown, so write plain URLs. Offer at most 3 short choices "
+    "Write Markdown; WhatsApp shows **bold**, *italic*, ~~strikethrough~~ and `code`, but no "
+    "headings, tables or link labels, so write plain URLs. Offer at most 3 short choices "
     "(20 characters each) with send_buttons when the person has to pick one."
 )
 NS_NOTIFIED = "whatsapp.notified"  # wamids of unsupported messages already answered
