@@ -219,6 +219,32 @@ async def test_an_event_is_stored_before_it_is_acknowledged(
     assert [e.text for e in await gw.transcript(DM)][:1] == ["keep me"]
 
 
+async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
+    gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, slack: FakeSlack
+) -> None:
+    """Slack retries neither: a 200 before the store failed lost the click for good; a 503
+    shows the person it failed, so they can try again."""
+    original = gw.store.put_inbound
+    failures = [StoreError("database or disk is full") for _ in range(2)]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(gw.store, "put_inbound", flaky)
+    click = payload("block_actions")
+    click["channel"]["id"] = click["container"]["channel_id"] = DM
+    command = urlencode(payload("slash_command")).encode()
+    assert (await gw.post(urlencode({"payload": json.dumps(click)}).encode())).status_code == 503
+    assert (await gw.post(command)).status_code == 503
+    assert await gw.transcript(DM) == []
+    click["actions"][0]["action_ts"] = "1750000200.000300"  # the person clicks again
+    assert (await gw.post(urlencode({"payload": json.dumps(click)}).encode())).status_code == 200
+    await slack.wait_for(lambda: slack.posted(DM))
+    assert [e.text for e in await gw.transcript(DM)][:1] == ["Yes, book it"]
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -1,11 +1,17 @@
 """Socket Mode end to end: apps.connections.open on the fake Web API, envelopes over the fake
-websocket, each acknowledged, then answered through the Web API like webhook events."""
+websocket, each acknowledged once stored, then answered through the Web API like webhook
+events."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from core.errors import StoreError
 from tests.fake_openai import FakeOpenAI, last_user_text
 from tests.fake_slack import FakeSlack, gateway_config, payload, run_gateway
 
@@ -47,3 +53,36 @@ async def test_socket_mode_acks_envelopes_and_answers_through_the_web_api(
     assert len(opened) == 1
     assert len(fake_openai.requests) == 2  # the redelivered envelope started nothing
     assert "pressed the button: Yes, book it" in last_user_text(fake_openai.requests[1])
+
+
+async def test_an_envelope_not_stored_is_not_acknowledged_and_its_retry_is_answered(
+    tmp_path: Path, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slack = FakeSlack()
+    await slack.start()
+    try:
+        config = gateway_config(tmp_path, slack, fake_openai.url, 'mode = "socket"\n')
+        async with run_gateway(config) as gw:
+            original = gw.store.put_inbound
+            failures = [StoreError("database or disk is full")]
+
+            async def flaky(*args: Any, **kwargs: Any) -> Any:
+                if failures:
+                    raise failures.pop()
+                return await original(*args, **kwargs)
+
+            monkeypatch.setattr(gw.store, "put_inbound", flaky)
+            envelope = payload("socket_events_api")
+            await slack.push(envelope)
+            await asyncio.sleep(0.5)
+            assert envelope["envelope_id"] not in slack.acks  # Slack will send it again
+            assert slack.posted("D0DM000001") == []
+
+            retry = copy.deepcopy(envelope)
+            retry.update(envelope_id="retry-envelope", retry_attempt=1)
+            await slack.push(retry)
+            (reply,) = await slack.wait_for(lambda: slack.posted("D0DM000001"))
+            assert reply["text"] == "echo: hello over the socket"
+            assert "retry-envelope" in slack.acks
+    finally:
+        await slack.aclose()

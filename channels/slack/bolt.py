@@ -1,6 +1,11 @@
 """The Bolt app behind the route for interactivity and slash commands (events take the short
 path in inbound.py). It makes no network call at start or on the request path: `authorize`
-answers from our own bot identity."""
+answers from our own bot identity.
+
+A click or a command is acknowledged only once its message is stored (Bolt's
+process_before_response: the listener runs before the response is sent). When the store
+fails or is too slow, the answer is a 503, which Slack shows the person as a failed click or
+command, so they can try again; Slack retries neither, and a 200 would have lost it."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any, Protocol
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.slack.identity import BotIdentity
@@ -27,11 +33,14 @@ class Sink(Protocol):
 
     def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None: ...
 
+    async def stored(self, task: asyncio.Task[bool] | None) -> bool: ...
+
 
 def build_bolt(
     signing_secret: str, api_base: str, identity: BotIdentity, inbound: Sink
 ) -> AsyncApp:
-    """An AsyncApp whose listeners acknowledge, then hand the payload to `inbound`."""
+    """An AsyncApp whose listeners hand the payload to `inbound`, then acknowledge once it is
+    stored (or answer 503)."""
 
     async def authorize(
         enterprise_id: str | None, team_id: str | None, user_id: str | None
@@ -45,21 +54,23 @@ def build_bolt(
         authorize=authorize,
         # without a token Bolt never calls auth.test itself; listeners make no Web API calls
         client=AsyncWebClient(base_url=api_base + "/"),
-        process_before_response=False,
+        process_before_response=True,
     )
 
-    @app.action(_ANY)
-    async def on_action(ack: AsyncAck, body: dict[str, Any]) -> None:
+    async def acked_once_stored(
+        ack: AsyncAck, task: asyncio.Task[bool] | None
+    ) -> BoltResponse | None:
+        if not await inbound.stored(task):
+            return BoltResponse(status=503, body={"error": "not stored, try again"})
         await ack()
-        task = inbound.on_action(body)
-        if task is not None:
-            await task
+        return None
+
+    @app.action(_ANY)
+    async def on_action(ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
+        return await acked_once_stored(ack, inbound.on_action(body))
 
     @app.command(_ANY)
-    async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
-        await ack()
-        task = inbound.on_command(body)
-        if task is not None:
-            await task
+    async def on_command(ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
+        return await acked_once_stored(ack, inbound.on_command(body))
 
     return app

@@ -8,9 +8,9 @@ cost about 12 µs. Events are nearly all of the traffic, so `event_callback` tak
 401 when wrong, missing or more than 5 minutes off), `url_verification`, then retries,
 repeated `event_id`s and the same post arriving as `app_mention` and `message` are answered
 from a memory of recent ids, ignorable events are dropped by `parse_event`, and the rest is
-acknowledged at once. Bolt keeps what it does well and what is rare: interactivity
-(form-encoded `payload=`, block_actions) and slash commands, with its ack-first runner
-(process_before_response off) and an `authorize` that never calls Slack.
+acknowledged once stored. Bolt keeps what it does well and what is rare: interactivity
+(form-encoded `payload=`, block_actions) and slash commands, run before the response
+(process_before_response), and an `authorize` that never calls Slack.
 
 Stored, then acknowledged: an event is answered 200 only once its message is in the store
 (durable, deduped on channel:ts), because Slack never redelivers an acknowledged event. File
@@ -18,8 +18,9 @@ downloads are bounded (`download_timeout_s`, inside Slack's 3 s) and a file that
 then reaches the agent described as not downloaded. The work for each message runs in a task
 chained behind the session's earlier messages, so a message with a file is not overtaken by
 the next. If the store fails or is too slow, the route answers 503 and forgets the ids, so
-Slack's retry is processed again (the store's dedupe makes that safe). Socket Mode envelopes
-are acknowledged on receipt by the SDK, and follow the same path after.
+Slack's retry is processed again (the store's dedupe makes that safe). A click or a command
+that is not stored gets a 503, which Slack shows the person as failed (it retries neither).
+Socket Mode envelopes follow the same path, acknowledged once stored.
 """
 
 from __future__ import annotations
@@ -101,21 +102,23 @@ class Inbound:
         if kind == "event_callback":
             if len(self._tasks) >= MAX_IN_FLIGHT:  # the store is not keeping up: Slack retries
                 return web.json_response({"error": "busy, retry later"}, status=503)
-            task = self.on_event(body)
-            if task is not None and not await self._stored(task):
-                self._forget(body)
+            if not await self.stored(self.on_event(body)):
+                self.forget(body)
                 return web.json_response({"error": "not stored, retry later"}, status=503)
         return web.Response(body=_EMPTY)  # app_rate_limited and the rest: nothing to do
 
-    async def _stored(self, task: asyncio.Task[bool]) -> bool:
-        """Wait (a bounded time) until the accepted message is durably stored."""
+    async def stored(self, task: asyncio.Task[bool] | None) -> bool:
+        """Wait (a bounded time) until the accepted message is durably stored, or deliberately
+        dropped; nothing accepted (None) is done at once."""
+        if task is None:
+            return True
         try:
             return await asyncio.wait_for(asyncio.shield(task), ACK_WITHIN_S)
         except TimeoutError:
             log.warning("slack event not stored in %.1f s; asking Slack to retry", ACK_WITHIN_S)
             return False
 
-    def _forget(self, body: dict[str, Any]) -> None:
+    def forget(self, body: dict[str, Any]) -> None:
         """Drop the ids of an event we did not store, so its retry is not taken for a copy."""
         event = body.get("event")
         event = event if isinstance(event, dict) else {}

@@ -1,6 +1,9 @@
 """Socket Mode: events and interactivity over a websocket opened with the app-level token,
-for workspaces without a public URL. Each envelope is acknowledged first, then fed to the
-same normalization as the webhook route."""
+for workspaces without a public URL. Each envelope is fed to the same normalization as the
+webhook route and acknowledged once its message is stored (the SDK runs each envelope's
+listener in its own task). One that could not be stored in time is not acknowledged: Slack
+sends an event again (its ids are forgotten, so the retry is taken afresh) and shows a click or
+a command as failed."""
 
 from __future__ import annotations
 
@@ -38,16 +41,20 @@ class SocketMode:
         self._connecting = asyncio.create_task(connect(), name="slack socket mode")
 
     async def _on_request(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
-        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
-        payload: Any = req.payload
-        if not isinstance(payload, dict):
-            return
-        if req.type == "events_api" and payload.get("type") == "event_callback":
-            self._inbound.on_event(mend_strings(payload))
+        payload: Any = mend_strings(req.payload) if isinstance(req.payload, dict) else {}
+        task = None
+        event = req.type == "events_api" and payload.get("type") == "event_callback"
+        if event:
+            task = self._inbound.on_event(payload)
         elif req.type == "interactive":
-            self._inbound.on_action(payload)
+            task = self._inbound.on_action(payload)
         elif req.type == "slash_commands":
-            self._inbound.on_command(payload)
+            task = self._inbound.on_command(payload)
+        if not await self._inbound.stored(task):
+            if event:
+                self._inbound.forget(payload)
+            return
+        await client.send_socket_mode_response(SocketModeResponse(envelope_id=req.envelope_id))
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
