@@ -47,7 +47,12 @@ class Submit(Protocol):
     ) -> Awaitable[PutResult]: ...
 
 
-Notify = Callable[[SessionKey, str], Awaitable[None]]
+class Notify(Protocol):
+    def __call__(
+        self, key: SessionKey, text: str, *, about: InboundMessage | None = None
+    ) -> Awaitable[None]: ...
+
+
 KeyFor = Callable[[str, str, str, str | None], SessionKey]
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -104,11 +109,12 @@ class ChannelContext:
             raise RuntimeError("channel context used before the session manager was bound")
         return await self._submit(msg, key)
 
-    async def notify(self, key: SessionKey, text: str) -> None:
-        """Tell the person something outside any run (stored, then delivered in order)."""
+    async def notify(self, key: SessionKey, text: str, *, about: InboundMessage) -> None:
+        """Tell the sender of `about` something outside any run (stored, then delivered in
+        order), unless access control refuses them (blocked, not allowed or not approved)."""
         if self._notify is None:
             raise RuntimeError("channel context used before the session manager was bound")
-        await self._notify(key, text)
+        await self._notify(key, text, about=about)
 
     def session_key(self, msg: InboundMessage) -> SessionKey:
         """The session this message belongs to (bindings decide the agent)."""

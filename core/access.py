@@ -95,6 +95,18 @@ class AccessControl:
             return await self._pairing(msg, rule, who)
         return self._flood(rule, who)
 
+    async def admits(self, msg: InboundMessage) -> bool:
+        """Whether the sender may be answered at all (not blocked; allowed or approved where
+        the mode asks), without counting the message as `check` does."""
+        rule = self.rules.get(msg.channel, AccessRule())
+        if msg.sender.id in rule.block:
+            return False
+        if rule.mode is Access.OPEN or msg.sender.id in rule.allow:
+            return True
+        if rule.mode is Access.ALLOWLIST:
+            return False
+        return await self.store.kv_get(APPROVED, f"{msg.channel}:{msg.sender.id}") is not None
+
     async def _pairing(self, msg: InboundMessage, rule: AccessRule, who: str) -> Verdict:
         now = time.time()
         codes = {c: json.loads(v) for c, v in (await self.store.kv_items(CODES)).items()}

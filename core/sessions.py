@@ -225,9 +225,14 @@ class SessionManager:
             self._idle.clear()
         runner.poke(arrived=arrived)
 
-    async def notify(self, key: SessionKey, text: str) -> None:
+    async def notify(
+        self, key: SessionKey, text: str, *, about: InboundMessage | None = None
+    ) -> None:
         """Send a notice that answers no message (e.g. "that message type is not supported"):
-        stored in the outbox, then delivered in order by the session's runner."""
+        stored in the outbox, then delivered in order by the session's runner. With `about`,
+        nothing is sent when access control refuses its sender."""
+        if about is not None and not await self.access.admits(about):
+            return
         await self.store.enqueue_replies(str(key), [Reply(text=text)])
         self._wake(key, arrived=False)
 

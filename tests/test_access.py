@@ -109,6 +109,26 @@ async def test_pairing_keeps_messages_until_the_operator_approves(make: Any, sto
     assert outlet.texts(_key("zoe"))[-1] == "echo: thanks"
 
 
+async def test_notices_about_a_message_reach_only_senders_who_may_be_answered(
+    make: Any, store: Store
+) -> None:
+    """e.g. WhatsApp's "I can't read that kind of message": a blocked sender once got it."""
+    rule = AccessRule(mode=Access.ALLOWLIST, allow=frozenset({"ana"}), block=frozenset({"ana2"}))
+    manager, outlet, _ = await make(rule)
+    for who in ("ana", "bob", "ana2"):
+        await manager.notify(_key(who), "cannot read that", about=_msg("", who, f"n-{who}"))
+    await _settle(manager)
+    assert outlet.texts(_key("ana")) == ["cannot read that"]
+    assert outlet.texts(_key("bob")) == outlet.texts(_key("ana2")) == []
+
+    pairing, outlet, _ = await make(AccessRule(mode=Access.PAIRING, block=frozenset({"eve"})))
+    assert not await pairing.access.admits(_msg("", "zoe", "z"))
+    assert not await pairing.access.admits(_msg("", "eve", "e"))
+    await store.kv_set(access_module.APPROVED, "test:zoe", "1")
+    assert await pairing.access.admits(_msg("", "zoe", "z"))
+    assert await pending_codes(store) == {}  # asking hands out no pairing code
+
+
 async def test_pairing_codes_expire(make: Any, store: Store) -> None:
     manager, outlet, _ = await make(AccessRule(mode=Access.PAIRING, pairing_ttl_s=0.2))
     await manager.submit(_msg("hi", "late", "l1"))

@@ -23,7 +23,7 @@ async def test_context_refuses_to_submit_before_binding(store: SqliteStore, tmp_
     with pytest.raises(RuntimeError):
         await ctx.submit(msg)
 
-    async def notify(key: SessionKey, text: str) -> None:
+    async def notify(key: SessionKey, text: str, *, about: InboundMessage | None = None) -> None:
         raise AssertionError("not expected")
 
     ctx.bind(

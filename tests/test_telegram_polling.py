@@ -107,7 +107,7 @@ async def test_the_offset_moves_past_an_update_only_once_it_is_stored(
         offsets_when_stored.append(list(tg.offsets))
         return await store.put_inbound(str(key_for(msg)), msg, 10)
 
-    async def notify(key: SessionKey, text: str) -> None:
+    async def notify(key: SessionKey, text: str, *, about: InboundMessage | None = None) -> None:
         raise AssertionError("no notices expected")
 
     def key_for(msg: InboundMessage) -> SessionKey:

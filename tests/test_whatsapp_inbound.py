@@ -220,6 +220,21 @@ async def test_unsupported_gets_a_polite_notice_and_no_run(
     assert fake_openai.requests == []
 
 
+async def test_a_blocked_sender_gets_no_notice_for_an_unsupported_message(
+    tmp_path: Path, graph: FakeGraph, fake_openai: FakeOpenAI
+) -> None:
+    blocked = "15550019001"
+    async with running_gateway(
+        tmp_path, graph, fake_openai.url, f'block_from = ["{blocked}"]\n'
+    ) as gw:
+        for user in (blocked, USER):
+            assert (await gw.notify(payload("unsupported", user=user))).status_code == 200
+        await until(lambda: gw.graph.texts(USER))
+        await asyncio.sleep(0.3)
+        assert gw.graph.texts(blocked) == []
+        assert gw.graph.texts(USER) == [DEFAULT_UNSUPPORTED_REPLY]
+
+
 async def test_removed_reaction_is_ignored(gw: Gateway, fake_openai: FakeOpenAI) -> None:
     assert (await gw.notify(payload("reaction_removed"))).status_code == 200
     await asyncio.sleep(0.2)

@@ -168,7 +168,7 @@ class WhatsAppAdapter:
             return
         log.info("unsupported %s message", event.what, extra=_extra(key))
         await store.kv_set(NS_SEEN, str(key), str(msg.received_at))
-        await self._ctx.notify(key, self._s.unsupported_reply)
+        await self._ctx.notify(key, self._s.unsupported_reply, about=msg)
         await store.kv_set(NS_NOTIFIED, _rid(msg), "1")
 
     async def _status(self, report: StatusReport) -> None:
