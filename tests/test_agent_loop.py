@@ -23,7 +23,7 @@ from core.agent.loop import (
     Turn,
 )
 from core.agent.model import ChatMessage, ModelRequest, ModelResponse, ToolCall, estimate_messages
-from core.agent.sanitize import wrap_user_text
+from core.agent.sanitize import shows_nothing, wrap_user_text
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError, ToolError
 from tests.fakes import ScriptedModel, calls, text
@@ -631,6 +631,23 @@ async def test_only_reasoning_gives_empty_apology() -> None:
     model.add(text("<think>I am not sure what to say"))
     outcome, _ = await _run(model)
     assert outcome.text == APOLOGY_EMPTY
+
+
+@pytest.mark.parametrize(
+    "invisible", ["&nbsp;", "```\n```", "```python\n   \n```", "<!-- x -->", "---", "\u200b"]
+)
+async def test_an_answer_that_shows_nothing_is_no_answer(invisible: str) -> None:
+    """Every channel renders these to nothing: the reply was once recorded as sent while the
+    person saw nothing, instead of the apology an empty answer gets."""
+    model = ScriptedModel()
+    model.add(text(invisible))
+    outcome, _ = await _run(model)
+    assert outcome.text == APOLOGY_EMPTY
+
+
+@pytest.mark.parametrize("shown", ["👍", "?", "`x`", "&amp;", "ok", "![a map](u)", "| a |\n|---|"])
+def test_short_answers_that_show_something_are_answers(shown: str) -> None:
+    assert not shows_nothing(shown)
 
 
 async def test_text_of_an_earlier_step_is_kept_when_last_is_empty() -> None:

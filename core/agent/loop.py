@@ -22,7 +22,7 @@ from core.agent.model import (
     estimate_messages,
     estimate_tokens,
 )
-from core.agent.sanitize import StreamFilter, strip_reasoning, wrap_user_text
+from core.agent.sanitize import StreamFilter, shows_nothing, strip_reasoning, wrap_user_text
 from core.agent.tools import PENDING, ToolContext, ToolRegistry
 from core.errors import ModelError
 from core.models import Button
@@ -212,7 +212,8 @@ class AgentLoop:
             prev_input, sent_upto = used_in, len(messages)
             if response.finish_reason == "length" and "max_output_tokens" not in out.limits_hit:
                 out.limits_hit.append("max_output_tokens")
-            last_text = strip_reasoning(response.text) or last_text
+            answer = strip_reasoning(response.text)
+            last_text = answer if answer and not shows_nothing(answer) else last_text
             if final or not response.tool_calls:
                 break
             messages.append(ChatMessage("assistant", response.text or None, response.tool_calls))

@@ -1,10 +1,15 @@
-"""Text hygiene at the model boundary: user text in as data, reasoning leftovers out."""
+"""Text hygiene at the model boundary: user text in as data, reasoning leftovers out, and an
+answer that would show nothing taken for no answer."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
-__all__ = ["StreamFilter", "strip_reasoning", "wrap_user_text"]
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+
+__all__ = ["StreamFilter", "shows_nothing", "strip_reasoning", "wrap_user_text"]
 
 _USER_TAG = re.compile(r"<\s*/?\s*user_message\b[^>]*>", re.IGNORECASE)
 _THINK_BLOCK = re.compile(
@@ -19,6 +24,38 @@ _CHANNEL_BLOCK = re.compile(
 _CHANNEL_HEADER = re.compile(r"(<\|start\|>[a-z_]*)?(<\|channel\|>[a-z_]*)?<\|message\|>")
 _SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>|<channel\|>|<\|channel>")
 _THOUGHT_PREFIX = re.compile(r"\A\s*(thought|thinking)\s*\n(?=\s*<)", re.IGNORECASE)
+
+
+_ENTITY = re.compile(r"&#?[0-9A-Za-z]+;")
+_HTML = re.compile(r"<!--.*?-->|<[^>\n]*>", re.DOTALL)
+_FENCE_LINE = re.compile(r"^[ \t]*(?:`{3,}|~{3,}).*$", re.MULTILINE)
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
+_MD = MarkdownIt("commonmark")
+
+
+def shows_nothing(markdown: str) -> bool:
+    """Whether Markdown renders to no visible character (`&nbsp;`, an empty code block, a lone
+    rule or HTML comment): every channel would send nothing, so it is no answer. A letter or
+    digit outside entities, HTML and fence lines shows at once; only text without one is
+    parsed."""
+    rest = _FENCE_LINE.sub("", _HTML.sub("", _ENTITY.sub("", markdown)))
+    if _LETTER_OR_DIGIT.search(rest):
+        return False
+    return not any(_shown(ch) for ch in "".join(_texts(_MD.parse(markdown))))
+
+
+def _texts(tokens: list[Token]) -> list[str]:
+    out: list[str] = []
+    for token in tokens:
+        if token.type in ("text", "code_inline", "fence", "code_block"):
+            out.append(token.content)
+        if token.children:
+            out += _texts(token.children)
+    return out
+
+
+def _shown(ch: str) -> bool:
+    return not ch.isspace() and unicodedata.category(ch) not in ("Cf", "Cc", "Zs")
 
 
 def wrap_user_text(text: str) -> str:
