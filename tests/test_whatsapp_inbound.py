@@ -52,6 +52,13 @@ async def test_handshake_echoes_the_challenge_only_for_the_right_token(gw: Gatew
     assert r.headers["content-type"].startswith("text/plain")
     for bad in ({**ok, "hub.verify_token": "wrong"}, {**ok, "hub.mode": "unsubscribe"}, {}):
         assert (await gw.client.get("/webhooks/whatsapp", params=bad)).status_code == 403
+    for challenge in (None, "", "<script>", "x" * 300):
+        params = {k: v for k, v in ok.items() if k != "hub.challenge"}
+        if challenge is not None:
+            params["hub.challenge"] = challenge
+        r = await gw.client.get("/webhooks/whatsapp", params=params)
+        assert r.status_code == 400
+        assert "hub.challenge" in r.json()["error"]
 
 
 async def test_bad_or_missing_signature_is_refused_and_nothing_stored(

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import re
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -55,6 +56,7 @@ NS_NOTIFIED = "whatsapp.notified"  # wamids of unsupported messages already answ
 MENU_TEXT_MAX = 100  # longer texts are never read as a menu choice
 TYPING_REFRESH_S = 20.0  # the indicator disappears after 25 s
 RECENT_MAX = 4096
+_CHALLENGE = re.compile(r"[0-9A-Za-z_-]{1,256}")  # documented as an int; echoed, so kept tame
 
 
 class WhatsAppAdapter:
@@ -110,7 +112,10 @@ class WhatsAppAdapter:
         q = request.query
         token = q.get("hub.verify_token", "").encode()
         if q.get("hub.mode") == "subscribe" and hmac.compare_digest(token, self._verify):
-            return web.Response(text=q.get("hub.challenge", ""), content_type="text/plain")
+            challenge = q.get("hub.challenge", "")
+            if not _CHALLENGE.fullmatch(challenge):  # Meta sends an integer to echo back
+                raise web.HTTPBadRequest(text="hub.challenge: missing or not a number-like token")
+            return web.Response(text=challenge, content_type="text/plain")
         log.warning("WhatsApp verification refused", extra={"channel": CHANNEL})
         raise web.HTTPForbidden(text="verification failed")
 
