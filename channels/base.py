@@ -8,6 +8,7 @@ routes mounted on the gateway's aiohttp app).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -123,13 +124,18 @@ class ChannelContext:
         return self._key_for(msg.channel, msg.account, msg.conversation, msg.thread)
 
     def save_file(self, key: SessionKey, name: str, data: bytes) -> Path:
-        """Keep a received file in the session's own folder; returns its path."""
+        """Keep a received file in the session's own folder; returns its path. The name starts
+        with a digest of the bytes, so a redelivered or concurrently repeated message (each
+        downloads before the store dedupes it) keeps one copy, written whole or not at all."""
         folder = self.files_dir / _UNSAFE.sub("_", str(key))[:200]
         folder.mkdir(parents=True, exist_ok=True)
         stem, dot, ext = name.rpartition(".")
         safe = _UNSAFE.sub("_", stem if dot else ext).strip("_")[:80] or "file"
         if dot and ext:
             safe += "." + _UNSAFE.sub("", ext)[:10]
-        path = folder / f"{uuid.uuid4().hex[:12]}-{safe}"
-        path.write_bytes(data)
+        path = folder / f"{hashlib.sha256(data).hexdigest()[:16]}-{safe}"
+        if not path.exists():
+            partial = path.with_name(f".{uuid.uuid4().hex}.part")
+            partial.write_bytes(data)
+            partial.replace(path)
         return path

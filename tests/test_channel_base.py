@@ -43,6 +43,17 @@ def test_save_file_stays_inside_the_session_folder(store: SqliteStore, tmp_path:
     assert ".." not in path.relative_to(tmp_path / "files").as_posix()
 
 
+def test_the_same_file_saved_again_is_kept_once(store: SqliteStore, tmp_path: Path) -> None:
+    """A redelivered media message downloads again before the store dedupes it."""
+    ctx = ChannelContext(store=store, files_dir=tmp_path / "files")
+    key = SessionKey("default", "whatsapp", "1001", "15551234567")
+    paths = {ctx.save_file(key, "photo.jpg", b"jpeg bytes") for _ in range(5)}
+    other = ctx.save_file(key, "photo.jpg", b"other bytes")
+    assert len(paths) == 1
+    assert other not in paths
+    assert sorted(p.name for p in other.parent.iterdir()) == sorted(p.name for p in (*paths, other))
+
+
 async def test_keyed_limiter_holds_back_a_busy_key_only() -> None:
     limiter = KeyedLimiter(1, 1.0)
     await limiter.acquire("chat-a")
