@@ -416,3 +416,28 @@ async def test_a_notification_cut_short_by_the_store_is_refused_and_redelivery_c
     texts = rig.graph.texts(WA_USER)
     assert len(texts) == 3
     assert texts == ["echo: first", "echo: second", "echo: third"]
+
+
+async def test_sqlite_is_not_ready_while_its_disk_refuses_writes(tmp_path: Path) -> None:
+    """Reads still worked on a full disk, so /readyz said ready while every write failed.
+    SQLite's query_only makes the writer's connection refuse writes as a read-only file does
+    (SQLITE_READONLY), one of the disk faults."""
+    store = SqliteStore(str(tmp_path / "sb.db"))
+    await store.start()
+    try:
+        await store.ping()
+
+        def refuse(on: bool) -> Callable[[Any], None]:
+            return lambda conn: conn.execute(f"PRAGMA query_only={'ON' if on else 'OFF'}")
+
+        await store._writer.call(refuse(True))
+        with pytest.raises(StoreError):
+            await store.kv_set("ns", "k", "v")
+        with pytest.raises(StoreError):
+            await store.ping()  # a probe write, which fails too
+        await store._writer.call(refuse(False))
+        await store.ping()  # the probe write works: ready again
+        await store.kv_set("ns", "k", "v")
+        assert await store.kv_get("ns", "k") == "v"
+    finally:
+        await store.aclose()

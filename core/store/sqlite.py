@@ -124,6 +124,7 @@ class SqliteStore:
         self._checkpointer: asyncio.Task[None] | None = None
         self._written: asyncio.Event  # committed since the last checkpoint; made by start
         self._restart_wal = False  # the writer checkpoints before its next batch
+        self._write_fault: str | None = None  # the disk refused the last write (full, I/O)
 
     # lifecycle
 
@@ -171,7 +172,12 @@ class SqliteStore:
             await self._writer.close()
 
     async def ping(self) -> None:
-        await self._read(lambda c: _fetchone(c, "SELECT 1"))
+        """Reachable, and taking writes: once the disk has refused one (full, read-only, an
+        I/O error), a small write must succeed before the store counts as ready again."""
+        if self._write_fault is None:
+            await self._read(lambda c: _fetchone(c, "SELECT 1"))
+        else:
+            await self._write(_probe_write, durable=False)
 
     # write path: one writer, grouped commits
 
@@ -219,6 +225,7 @@ class SqliteStore:
                 outcomes = [_Failed(exc)] * len(batch)
             else:
                 self._written.set()
+            self._note_faults(outcomes)
             for op, outcome in zip(batch, outcomes, strict=True):
                 if op.future.done():
                     continue
@@ -226,6 +233,17 @@ class SqliteStore:
                     op.future.set_exception(outcome.error())
                 else:
                     op.future.set_result(outcome)
+
+    def _note_faults(self, outcomes: list[Any]) -> None:
+        faults = [o.exc for o in outcomes if isinstance(o, _Failed) and _disk_fault(o.exc)]
+        if faults:
+            fault = faults[0]
+            if self._write_fault is None:
+                log.error("SQLite cannot write (not ready until it can): %s", fault)
+            self._write_fault = str(fault)
+        elif self._write_fault is not None and not all(isinstance(o, _Failed) for o in outcomes):
+            log.info("SQLite writes work again")
+            self._write_fault = None
 
     async def _checkpoint_forever(self) -> None:
         """Copy the WAL into the database while there are writes (PASSIVE: it never blocks
@@ -744,6 +762,34 @@ class _Failed:
         if isinstance(self.exc, _LeaseLost | StoreError):
             return StoreError(str(self.exc))
         return StoreError(f"store write failed: {self.exc}")
+
+
+_DISK_FAULTS = frozenset(
+    {
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_PERM,
+    }
+)
+
+
+def _disk_fault(exc: BaseException) -> bool:
+    """A write the disk or the file refused, as opposed to one bad statement."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _DISK_FAULTS
+
+
+def _probe_write(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "INSERT INTO channel_state (namespace, key, value, updated_at)"
+        " VALUES ('store.health', 'write-probe', '', ?)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET updated_at = excluded.updated_at",
+        (time.time(),),
+    )
 
 
 def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = True) -> list[Any]:
