@@ -269,7 +269,9 @@ class FakeTelegram:
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(900_000_001))
     _mids: dict[int, itertools.count[int]] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
-    _failures: dict[str, list[tuple[int, str] | None]] = field(default_factory=dict)
+    _failures: dict[str, list[tuple[int, str, dict[str, Any] | None] | None]] = field(
+        default_factory=dict
+    )
 
     @property
     def bot(self) -> User:
@@ -294,11 +296,20 @@ class FakeTelegram:
         self._storm.extend([retry_after] * count)
 
     def fail_next(
-        self, method: str, code: int, description: str, *, times: int = 1, after: int = 0
+        self,
+        method: str,
+        code: int,
+        description: str,
+        *,
+        times: int = 1,
+        after: int = 0,
+        retry_after: float | None = None,
     ) -> None:
-        """After `after` more calls of `method` succeed, the next `times` answer this error."""
+        """After `after` more calls of `method` succeed, the next `times` answer this error
+        (with parameters.retry_after when given)."""
+        parameters = {"retry_after": retry_after} if retry_after is not None else None
         queue = self._failures.setdefault(method, [])
-        queue.extend([None] * after + [(code, description)] * times)
+        queue.extend([None] * after + [(code, description, parameters)] * times)
 
     def push(self, update: dict[str, Any]) -> None:
         """Queue an update for getUpdates."""

@@ -265,6 +265,37 @@ async def test_group_preview_edits_once_a_second_rolls_over_and_becomes_the_repl
     assert all(b - a >= 0.9 for a, b in itertools.pairwise(times))
 
 
+async def test_a_429_on_a_preview_edit_is_waited_out(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The live preview retried its edit every second through a 429's retry_after."""
+    text = " ".join(f"word-{i:04d}" for i in range(300))
+    assert len(render(text).chunks()) == 1
+    fake_openai.responder = lambda body: Text(text, chunk_delay_s=0.01)
+    gw = await start(tg)
+    chat = GROUP["id"]
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot go on", chat=GROUP))
+    await until(lambda: tg.in_chat(chat))  # the preview is up
+    tg.flood(1, 1.5)  # the next edit is refused: nothing may reach the chat for 1.5 s
+    await until(lambda: [s.text for s in tg.in_chat(chat)] == [text], timeout=20)
+    assert sum("Too Many Requests" in r for r in tg.rejected) == 1
+    assert tg.early_retries == 0
+
+
+async def test_a_429_on_the_typing_action_is_waited_out(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("channels.telegram.live.TYPING_EVERY_S", 0.2)
+    fake_openai.responder = lambda body: Text("done thinking", delay_s=1.6)
+    tg.fail_next("sendChatAction", 429, "Too Many Requests: retry after 1", retry_after=1.0)
+    gw = await start(tg, "streaming = false\n")
+    await gw.deliver(tg.message(ANA, "think hard"))
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    asked = [t for t, (m, _) in zip(tg.stamps, tg.calls, strict=True) if m == "sendChatAction"]
+    assert len(asked) >= 2
+    assert asked[1] - asked[0] >= 0.95  # not every 0.2 s while refused
+
+
 async def test_typing_is_refreshed_while_the_run_lasts_and_stops_after(
     start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

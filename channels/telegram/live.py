@@ -153,6 +153,7 @@ class Live:
     async def _type(self, state: Preview) -> None:
         bot = self._client.bot
         while not state.stop.is_set():
+            pause = TYPING_EVERY_S
             try:
                 await self._client.call(
                     lambda: bot.send_chat_action(
@@ -163,8 +164,9 @@ class Live:
                 log.debug("typing action failed: %s", exc)
                 if exc.code == BLOCKED:
                     return
+                pause = max(pause, exc.retry_after or 0.0)  # a 429 says when to ask again
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(state.stop.wait(), TYPING_EVERY_S)
+                await asyncio.wait_for(state.stop.wait(), pause)
 
     async def _pump(self, key: SessionKey, state: Preview) -> None:
         """Show the text so far, at most once a second, until nothing new is left."""
@@ -175,12 +177,13 @@ class Live:
                     await asyncio.wait_for(state.stop.wait(), wait)
                 if state.stop.is_set():
                     break
-            seen = len(state.text)
+            seen, pause = len(state.text), 0.0
             try:
                 await self._show(key, state)
             except ChannelError as exc:
                 log.info("preview not shown: %s", exc, extra={"session": str(key)})
-            state.last = time.monotonic()
+                pause = exc.retry_after or 0.0  # a 429: no edit before it has passed
+            state.last = time.monotonic() + pause
             if len(state.text) == seen:
                 break
         state.pump = None
