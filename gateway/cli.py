@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -26,6 +29,7 @@ from gateway.settings import (
     DEFAULT_CONFIG,
     Settings,
     config_path,
+    is_ip_address,
     load_settings,
     secret_values,
     settings_warnings,
@@ -97,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "run":
             return _run(settings)
         return asyncio.run(_chat(settings))
+    except ConfigError as exc:  # e.g. server.host or server.port cannot be bound
+        _print_problems(exc.problems, args.config)
+        return EXIT_CONFIG
     except StoreError as exc:
         print(f"error: store: {exc}", file=sys.stderr)
         return 1
@@ -142,15 +149,22 @@ def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
 def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool) -> int:
     """Exit 0 for a valid configuration (2 is for invalid ones, before this); live checks that
     fail are reported, and exit 1 only with --strict."""
-    print(f"config ok: {config_path(path) or 'built-in defaults'}")
     s = settings
+    if not offline and not is_ip_address(s.server.host):
+        try:
+            _resolve(s.server.host, s.server.port)
+        except ConfigError as exc:
+            _print_problems(exc.problems, path)
+            return EXIT_CONFIG
+    print(f"config ok: {config_path(path) or 'built-in defaults'}")
     enabled = [
         n for n in ("web", "telegram", "slack", "whatsapp") if getattr(s.channels, n).enabled
     ]
     print(f"  store: {_without_password(s.store.url)}")
     print(f"  model: {s.model.provider}" + (f" ({s.model.name})" if s.model.name else ""))
     print(f"  channels: {', '.join(enabled) or 'none'}")
-    print(f"  web chat: http://{s.server.host}:{s.server.port}/")
+    if s.channels.web.enabled:
+        print(f"  web chat: {_url(s.server.host, s.server.port)}")
     urls = webhook_urls(s)
     if urls:
         print("webhook URLs to configure:")
@@ -190,18 +204,76 @@ async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:
 
 
 def _run(settings: Settings) -> int:
-    app = build_app(settings)
-    app.on_startup.append(settle_heap)  # after the runtime and the channels have started
-    host, port = settings.server.host, settings.server.port
-    web.run_app(
-        app,
-        host=host,
-        port=port,
-        shutdown_timeout=5.0,
-        access_log=None,
-        print=lambda _: print(f"Switchboard serving on http://{host}:{port}/ (Ctrl+C to stop)"),
-    )
+    host = settings.server.host
+    sockets = _listen(host, settings.server.port)  # before anything starts
+    port = sockets[0].getsockname()[1]  # the one the system chose for port 0
+    try:
+        app = build_app(settings)
+        app.on_startup.append(settle_heap)  # after the runtime and the channels have started
+        web.run_app(
+            app,
+            sock=sockets,
+            shutdown_timeout=5.0,
+            access_log=None,
+            print=lambda _: print(f"Switchboard serving on {_url(host, port)} (Ctrl+C to stop)"),
+        )
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+_AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[Any, ...]]
+
+
+def _resolve(host: str, port: int) -> list[_AddrInfo]:
+    """The addresses to listen on, or ConfigError naming server.host."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError([("server.host", f"cannot resolve {host!r}: {reason}")]) from None
+    return list(dict.fromkeys(infos))  # a name can resolve to one address twice
+
+
+def _listen(host: str, port: int) -> list[socket.socket]:
+    """Bound sockets for server.host and server.port, as asyncio's create_server makes them,
+    so a bad host or a port in use is a problem by key rather than a traceback mid-start."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in _resolve(host, port):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            if os.name == "posix":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # one socket per family, as asyncio does
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise ConfigError([_bind_problem(exc, host, port, address[0])]) from None
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _bind_problem(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
+    if exc.errno == errno.EADDRINUSE:
+        return "server.port", (
+            f"{port} is already in use on {address}; stop what listens there or choose another port"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        shown = host if host == address else f"{host} ({address})"
+        return "server.host", f"{shown} is not an address of this machine"
+    if exc.errno == errno.EACCES:
+        return "server.port", f"{port} needs privileges on {address}; choose a port above 1023"
+    return "server.host", f"cannot listen on {address} port {port}: {exc.strerror or exc}"
 
 
 async def settle_heap(app: web.Application | None = None) -> None:

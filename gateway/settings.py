@@ -6,13 +6,16 @@ is reported as (dotted key, message) through ConfigError; nothing here ever show
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 import re
 import tomllib
+import types
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -20,6 +23,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -64,6 +68,16 @@ class ServerSettings(_Section):
     public_url: str | None = None
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        """An IP address or a host name, checked without the network; `run` binds it."""
+        if not value:
+            raise ValueError('empty; use "0.0.0.0" (or "::") to listen on every interface')
+        if not is_ip_address(value) and not _is_host_name(value):
+            raise ValueError(f"{value!r} is not an IP address or a host name")
+        return value
 
 
 class StoreSettings(_Section):
@@ -127,8 +141,52 @@ class _EnvSource(PydanticBaseSettingsSource):
                     break
                 node = child
             else:
-                node[path[-1]] = value
+                node[path[-1]] = _env_value(self.settings_cls, path, value)
         return out
+
+
+def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
+    """A list key takes a JSON array, or for a list of strings comma-separated values too."""
+    leaf = _annotation_at(root, path)
+    if get_origin(leaf) not in (list, tuple, set, frozenset):
+        return value
+    if value.lstrip().startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value  # reported by key as "Input should be a valid list"
+    item = next(iter(get_args(leaf)), Any)
+    if get_origin(item) is Annotated:
+        item = get_args(item)[0]
+    if item is str:
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _annotation_at(root: type[BaseModel], path: list[str]) -> Any:
+    """The type of the key at path (`dict[str, Model]` entries included), or None if unknown."""
+    node: Any = root
+    parts = iter(path)
+    for part in parts:
+        if not (isinstance(node, type) and issubclass(node, BaseModel)):
+            return None
+        field = node.model_fields.get(part)
+        if field is None:
+            return None
+        node = _without_none(field.annotation)
+        if get_origin(node) is dict:  # the next part names an entry
+            next(parts, None)
+            node = _without_none(get_args(node)[1])
+    return node
+
+
+def _without_none(annotation: Any) -> Any:
+    """X for `X | None`."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
 
 
 class Settings(BaseSettings):
@@ -194,21 +252,30 @@ def load_settings(
             raise ConfigError([("config", f"file not found: {file}")]) from None
         except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
             raise ConfigError([("config", f"{file} is not valid TOML: {exc}")]) from None
-    problems: list[tuple[str, str]] = []
-    data = _interpolate(data, env, "", problems)
-    if problems:
-        raise ConfigError(problems)
+    unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
+    data = _interpolate(data, env, "", unset)
     token = _SOURCES.set((data, env))
     try:
         settings = Settings()
     except ValidationError as exc:
-        raise ConfigError([_problem(err, env) for err in exc.errors()]) from None
+        problems = [_problem(err, env) for err in exc.errors()]
+    else:
+        problems = semantic_problems(settings)
     finally:
         _SOURCES.reset(token)
-    problems = semantic_problems(settings)
+    problems = unset + [p for p in problems if not _covered(p[0], unset)]
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def _covered(key: str, unset: list[tuple[str, str]]) -> bool:
+    """Whether key is (inside) a value whose variable is unset: its empty stand-in is no news."""
+    for bad, _ in unset:
+        bad = re.sub(r"\[(\d+)\]", r".\1", bad)  # items[0] is pydantic's items.0
+        if key == bad or key.startswith(f"{bad}."):
+            return True
+    return False
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -242,11 +309,41 @@ def _interpolate(
 def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
     key = ".".join(str(p) for p in err["loc"]) or "config"
     var = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
-    source = f" (from {var})" if any(n.upper() == var for n in env) else ""
-    if err["type"] == "extra_forbidden":
+    unknown = err["type"] == "extra_forbidden"
+
+    def sets_it(name: str) -> bool:  # the key itself, a list holding it, or under an unknown key
+        n = name.upper()
+        if not n.startswith(ENV_PREFIX):
+            return False
+        return n == var or var.startswith(f"{n}__") or (unknown and n.startswith(f"{var}__"))
+
+    names = sorted(n for n in env if sets_it(n))
+    source = f" (from {', '.join(names)})" if names else ""
+    if unknown:
         return key, f"unknown key{source}"
     msg = str(err["msg"]).removeprefix("Value error, ")
     return key, msg + source
+
+
+def is_ip_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def _is_host_name(host: str) -> bool:
+    """RFC 1123 syntax (plus _); an all-digit last label (999.1.1.1) is a bad address instead."""
+    labels = host.removesuffix(".").split(".")
+    return (
+        len(host) <= 253
+        and all(_LABEL.fullmatch(label) for label in labels)
+        and not labels[-1].isdigit()
+    )
 
 
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:

@@ -89,7 +89,16 @@ def test_check_on_the_example_is_ok() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "config ok" in proc.stdout
     assert "switchboard.example.toml" in proc.stdout
+    assert "web chat: http://127.0.0.1:8080/" in proc.stdout
     assert_no_traceback(proc)
+
+
+def test_check_names_the_web_chat_only_when_it_is_served(tmp_path: Path) -> None:
+    path = tmp_path / "no-web.toml"
+    path.write_text("[channels.web]\nenabled = false\n", encoding="utf-8")
+    proc = cli("check", "--config", str(path), "--offline")
+    assert proc.returncode == 0, proc.stderr
+    assert "web chat" not in proc.stdout
 
 
 def test_check_reports_every_problem_by_key(tmp_path: Path) -> None:
@@ -151,6 +160,104 @@ def test_check_never_prints_secrets(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "telegram" in proc.stdout
     assert "123:abc" not in proc.stdout + proc.stderr  # secrets are never printed
+
+
+def test_check_reports_a_missing_variable_with_every_other_problem(tmp_path: Path) -> None:
+    bad = tmp_path / "multi.toml"
+    bad.write_text(
+        '[server]\nbogus = 1\n[model]\napi_key = "${SB_TEST_UNSET_ABC}"\n'
+        '[agent.limits]\nmax_steps = "x"\n',
+        encoding="utf-8",
+    )
+    proc = cli("check", "--offline", "--config", str(bad))
+    assert proc.returncode == 2
+    for key in ("model.api_key", "server.bogus", "agent.limits.max_steps"):
+        assert f"  {key}: " in proc.stderr
+    assert "SB_TEST_UNSET_ABC is not set" in proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_check_offline_rejects_a_host_that_is_no_address_or_name(tmp_path: Path) -> None:
+    env = clean_env(SWITCHBOARD__SERVER__HOST="999.1.1.1")
+    config = str(good_config(tmp_path))
+    for args in (("check", "--offline"), ("run",)):
+        proc = cli(*args, "--config", config, env=env)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "server.host: '999.1.1.1'" in proc.stderr
+        assert "SWITCHBOARD__SERVER__HOST" in proc.stderr
+        assert "config ok" not in proc.stdout
+        assert_no_traceback(proc)
+
+
+def unresolvable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No DNS in tests: the resolver answers that the name does not exist."""
+
+    def getaddrinfo(host: str, *_: object, **__: object) -> list[object]:
+        assert host == "nowhere.example"
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(cli_module.socket, "getaddrinfo", getaddrinfo)
+
+
+def test_check_online_rejects_a_host_name_that_does_not_resolve(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unresolvable(monkeypatch)
+    monkeypatch.setenv("SWITCHBOARD__SERVER__HOST", "nowhere.example")
+    config = str(good_config(tmp_path))
+    assert cli_module.main(["check", "--config", config]) == 2
+    out = capsys.readouterr()
+    assert "server.host: cannot resolve 'nowhere.example'" in out.err
+    assert "config ok" not in out.out
+    assert cli_module.main(["check", "--offline", "--config", config]) == 0  # no resolver
+
+
+def test_run_with_a_host_name_that_does_not_resolve_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unresolvable(monkeypatch)
+    monkeypatch.setattr(cli_module.web, "run_app", lambda *_, **__: pytest.fail("served"))
+    monkeypatch.setenv("SWITCHBOARD__SERVER__HOST", "nowhere.example")
+    assert cli_module.main(["run", "--config", str(good_config(tmp_path))]) == 2
+    assert "server.host: cannot resolve 'nowhere.example'" in capsys.readouterr().err
+
+
+def test_run_on_a_port_in_use_exits_2_naming_server_port(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("run", "--config", str(good_config(tmp_path, port)))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"server.port: {port} is already in use on 127.0.0.1" in proc.stderr
+    assert "serving" not in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_run_on_an_address_this_machine_does_not_have_exits_2(tmp_path: Path) -> None:
+    env = clean_env(SWITCHBOARD__SERVER__HOST="192.0.2.1")  # TEST-NET-1: nobody's address
+    proc = cli("run", "--config", str(good_config(tmp_path, free_port())), env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "server.host: 192.0.2.1 is not an address of this machine" in proc.stderr
+    assert_no_traceback(proc)
+
+
+def test_env_list_keys_pass_check(tmp_path: Path) -> None:
+    for value in ("U1,U2", '["U1","U2"]'):
+        env = clean_env(
+            SWITCHBOARD__CHANNELS__SLACK__ALLOW_FROM=value,
+            SWITCHBOARD__CHANNELS__WEB__BLOCK_FROM=value,
+        )
+        proc = cli("check", "--offline", "--config", str(good_config(tmp_path)), env=env)
+        assert proc.returncode == 0, (value, proc.stderr)
+
+
+def test_an_unknown_section_from_the_environment_names_the_variable() -> None:
+    proc = cli(
+        "check", "--offline", "--config", str(EXAMPLE), env=clean_env(SWITCHBOARD__BOGUS__X="1")
+    )
+    assert proc.returncode == 2
+    assert "bogus: unknown key (from SWITCHBOARD__BOGUS__X)" in proc.stderr
 
 
 # run

@@ -155,6 +155,47 @@ def test_missing_variable_is_a_problem_naming_the_key(
     assert "SB_TEST_MISSING_TOKEN" in problems[0][1]
 
 
+def test_a_missing_variable_does_not_hide_the_other_problems(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SB_TEST_UNSET_ABC", raising=False)
+    problems = problems_of(
+        write(
+            tmp_path,
+            '[server]\nport = 8000\nbogus = 1\n[model]\napi_key = "${SB_TEST_UNSET_ABC}"\n'
+            '[agent.limits]\nmax_steps = "x"\n',
+        )
+    )
+    assert [key for key, _ in problems] == [
+        "model.api_key",
+        "server.bogus",
+        "agent.limits.max_steps",
+    ]
+    assert "SB_TEST_UNSET_ABC" in problems[0][1]
+
+
+def test_a_missing_variable_is_reported_once_at_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its empty stand-in is not reported again (as not an integer, or a missing secret)."""
+    monkeypatch.delenv("SB_TEST_UNSET_PORT", raising=False)
+    monkeypatch.delenv("SB_TEST_UNSET_SECRET", raising=False)
+    problems = problems_of(
+        write(
+            tmp_path,
+            '[server]\nport = "${SB_TEST_UNSET_PORT}"\n'
+            '[channels.slack]\nenabled = true\nbot_token = "xoxb-1"\n'
+            'signing_secret = "${SB_TEST_UNSET_SECRET}"\nallow_from = ["${SB_TEST_UNSET_PORT}"]\n',
+        )
+    )
+    assert [key for key, _ in problems] == [
+        "server.port",
+        "channels.slack.signing_secret",
+        "channels.slack.allow_from[0]",
+    ]
+    assert all("is not set" in msg for _, msg in problems)
+
+
 # SWITCHBOARD__* overrides
 
 
@@ -193,6 +234,104 @@ def test_environment_can_enable_a_channel_and_it_fails_closed(
         "channels.slack.bot_token",
         "channels.slack.signing_secret",
     }
+
+
+@pytest.mark.parametrize("value", ["U1,U2", " U1 , U2 ,", '["U1", "U2"]'])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "channels.slack.allow_from",
+        "channels.web.allow_from",
+        "channels.web.block_from",
+        "channels.whatsapp.phone_number_ids",
+    ],
+)
+def test_a_list_key_takes_a_json_array_or_commas_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: str
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__" + key.replace(".", "__").upper(), value)
+    s = load_settings(write(tmp_path, ""))
+    section, name = key.rsplit(".", 1)
+    node: object = s
+    for part in section.split("."):
+        node = getattr(node, part)
+    assert getattr(node, name) == ["U1", "U2"]
+
+
+def test_list_keys_from_the_environment_beyond_the_channels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__AGENT__TOOLS", "search_knowledge")  # list[str] | None
+    monkeypatch.setenv("SWITCHBOARD__AGENTS__SALES__TOOLS", "[]")  # inside a [agents.NAME] table
+    monkeypatch.setenv("SWITCHBOARD__AGENTS__SALES__INSTRUCTIONS", "Sell bikes.")
+    monkeypatch.setenv("SWITCHBOARD__BINDINGS", '[{"agent": "sales", "channel": "web"}]')
+    s = load_settings(write(tmp_path, ""))
+    assert s.agent.tools == ["search_knowledge"]
+    assert s.agents["sales"].tools == []
+    assert [(b.agent, b.channel) for b in s.bindings] == [("sales", "web")]
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [
+        ('["U1", 2]', "channels.slack.allow_from.1"),
+        ('["U1"', "channels.slack.allow_from"),
+    ],
+)
+def test_a_bad_list_from_the_environment_names_the_key_and_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, key: str
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__CHANNELS__SLACK__ALLOW_FROM", value)
+    ((got, msg),) = problems_of(write(tmp_path, ""))
+    assert got == key
+    assert msg.endswith("(from SWITCHBOARD__CHANNELS__SLACK__ALLOW_FROM)")
+
+
+def test_a_list_of_objects_takes_only_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWITCHBOARD__BINDINGS", "sales,web")
+    assert keys_of(write(tmp_path, "")) == {"bindings"}
+
+
+def test_an_unknown_section_from_the_environment_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__BOGUS__X", "1")
+    monkeypatch.setenv("SWITCHBOARD__SERVER__PROT", "1")
+    assert sorted(problems_of(write(tmp_path, ""))) == [
+        ("bogus", "unknown key (from SWITCHBOARD__BOGUS__X)"),
+        ("server.prot", "unknown key (from SWITCHBOARD__SERVER__PROT)"),
+    ]
+
+
+# server.host, checked without the network
+
+
+@pytest.mark.parametrize(
+    "host", ["0.0.0.0", "::", "::1", "127.0.0.1", "localhost", "gateway.internal", "my_app", "h."]
+)
+def test_server_host_accepts_addresses_and_host_names(tmp_path: Path, host: str) -> None:
+    assert load_settings(write(tmp_path, f'[server]\nhost = "{host}"\n')).server.host == host
+
+
+@pytest.mark.parametrize(
+    "host", ["999.1.1.1", "1.2.3", "", "bad host", "-x.example", "[::1]", "a..b", "x" * 64]
+)
+def test_server_host_that_can_never_be_bound_names_the_key(tmp_path: Path, host: str) -> None:
+    ((key, msg),) = problems_of(write(tmp_path, f'[server]\nhost = "{host}"\n'))
+    assert key == "server.host"
+    assert msg
+
+
+def test_server_host_from_the_environment_is_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__SERVER__HOST", "999.1.1.1")
+    assert problems_of(write(tmp_path, "")) == [
+        (
+            "server.host",
+            "'999.1.1.1' is not an IP address or a host name (from SWITCHBOARD__SERVER__HOST)",
+        )
+    ]
 
 
 # problems by key
