@@ -56,7 +56,8 @@ def coverage(text: str, entities: list[dict[str, object]]) -> list[frozenset[str
 
 
 def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
-    """Every chunk parses, fits, is trimmed, keeps its formatting; together they are the text."""
+    """Every chunk parses, fits, is trimmed (a chunk starting in a code block keeps its first
+    line's indentation), keeps its formatting; together they are the text."""
     full = rich.text
     full_text, full_entities = parse_html(rich.html())
     assert full_text == full
@@ -67,9 +68,10 @@ def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
         text, entities = parse_html(html)
         assert text == plain
         assert text
-        assert text == text.strip()
+        in_code = any(e["type"] == "pre" and e["offset"] == 0 for e in entities)
+        assert text == (text.rstrip() if in_code else text.strip())
         assert utf16(text) <= limit
-        while full[pos].isspace():
+        while full[pos] in "\r\n" or (not in_code and full[pos].isspace()):
             pos += 1
         assert full.startswith(plain, pos)
         start = utf16(full[:pos])
@@ -184,6 +186,19 @@ def test_a_code_block_split_across_chunks_is_closed_and_reopened() -> None:
     inner = [h for h, _ in chunks if "line" in h]
     assert all(h.count('<pre><code class="language-js">') == 1 for h in inner)
     assert all(h.endswith("</code></pre>") or "Outro" in h for h in inner)
+
+
+@pytest.mark.parametrize("first", ["", "    "])
+def test_a_code_block_split_across_chunks_keeps_every_line_as_written(first: str) -> None:
+    """A chunk starting inside a code block skipped its first line's indentation (Python
+    that no longer ran); and so did a reply opening with an indented code line."""
+    lines = [f"    x_{i:03d} = a[{i}] + b" for i in range(120)]
+    lines[0] = first + lines[0].lstrip()
+    rich = render("```python\n" + "\n".join(lines) + "\n```")
+    chunks = check_chunks(rich, 300)
+    assert len(chunks) > 5
+    shown = [plain for _, plain in chunks]
+    assert "\n".join(shown).split("\n") == lines
 
 
 def test_cuts_prefer_paragraphs_then_lines_then_sentences_then_words() -> None:

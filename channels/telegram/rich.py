@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import re
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
@@ -98,7 +99,20 @@ class Rich:
     def chunks(self, limit: int = MAX_UNITS) -> list[tuple[str, str]]:
         """(html, plain text) per message, in order; empty when there is nothing visible."""
         text = self.text
-        return [(self.html(a, b), text[a:b]) for a, b in split(text, limit)]
+        return [(self.html(a, b), text[a:b]) for a, b in split(text, limit, self._verbatim())]
+
+    def _verbatim(self) -> list[tuple[int, int]]:
+        """The ranges inside code blocks, where a line's leading spaces are part of it."""
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for text, stack in self.spans:
+            if any(tag.name == "pre" for tag in stack):
+                if out and out[-1][1] == pos:
+                    out[-1] = (out[-1][0], pos + len(text))
+                else:
+                    out.append((pos, pos + len(text)))
+            pos += len(text)
+        return out
 
 
 def _common(a: Stack, b: Stack) -> int:
@@ -110,14 +124,23 @@ def _common(a: Stack, b: Stack) -> int:
     return n
 
 
-def split(text: str, limit: int) -> list[tuple[int, int]]:
+def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
     """Ranges of `text`, each at most `limit` UTF-16 units once trimmed, cut at a paragraph,
-    else a line, else a sentence, else a word boundary, else between characters."""
+    else a line, else a sentence, else a word boundary, else between characters. A range
+    starting in `verbatim` (a code block) skips only the line breaks before it, never the
+    indentation of its first line."""
     units = [0]
     for ch in text:
         units.append(units[-1] + (2 if ord(ch) > 0xFFFF else 1))
     n, out = len(text), []
-    pos = _skip_space(text, 0)
+    starts = [a for a, _ in verbatim]
+
+    def skip(at: int) -> int:
+        i = bisect.bisect_right(starts, at) - 1
+        inside = i >= 0 and verbatim[i][0] <= at < verbatim[i][1]
+        return _skip_breaks(text, at) if inside else _skip_space(text, at)
+
+    pos = skip(0)
     while pos < n:
         end = _trim_end(text, pos, n)
         if units[end] - units[pos] <= limit:
@@ -126,7 +149,7 @@ def split(text: str, limit: int) -> list[tuple[int, int]]:
         hard = max(bisect.bisect_right(units, units[pos] + limit, pos, n + 1) - 1, pos + 1)
         cut = _best_cut(text, pos, hard)
         out.append((pos, _trim_end(text, pos, cut)))
-        pos = _skip_space(text, cut)
+        pos = skip(cut)
     return out
 
 
@@ -178,6 +201,12 @@ def _joins(ch: str) -> bool:
 
 def _skip_space(text: str, pos: int) -> int:
     while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _skip_breaks(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in "\r\n":
         pos += 1
     return pos
 
