@@ -376,6 +376,22 @@ async def test_slash_command_reset_is_answered_by_core(gw: SlackGateway, slack: 
     assert "start over" in reply["text"]
 
 
+async def test_a_slash_command_in_a_channel_is_answered_privately_and_stores_nothing(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """Slack does not say which thread a command was typed in, and in a channel every thread
+    is its own session: `/reset` once reset none of them and said so to the whole channel."""
+    form = payload("slash_command") | {"channel_id": CHAN, "channel_name": "general"}
+    r = await gw.post(urlencode(form).encode())
+    assert r.status_code == 200
+    assert "Write it in the thread instead" in r.text
+    assert "/reset" in r.text
+    await asyncio.sleep(0.3)
+    assert slack.posted(CHAN) == []
+    assert await gw.transcript(CHAN) == []
+    assert fake_openai.requests == []
+
+
 async def test_rate_limited_then_sent_once_after_retry_after(
     gw: SlackGateway, slack: FakeSlack
 ) -> None:

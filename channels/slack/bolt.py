@@ -33,6 +33,8 @@ class Sink(Protocol):
 
     def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None: ...
 
+    def not_here(self, form: dict[str, Any]) -> str | None: ...
+
     async def stored(self, task: asyncio.Task[bool] | None) -> bool: ...
 
 
@@ -71,6 +73,10 @@ def build_bolt(
 
     @app.command(_ANY)
     async def on_command(ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
+        hint = inbound.not_here(body)
+        if hint is not None:  # a reply only the person who typed the command sees
+            await ack(hint)
+            return None
         return await acked_once_stored(ack, inbound.on_command(body))
 
     return app

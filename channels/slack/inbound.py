@@ -55,6 +55,11 @@ THREADS_MAX = 50_000  # joined threads remembered in memory (all are in the stor
 THREADS_NS = "slack.threads"
 _EMPTY = b""
 _Order = tuple[str, str, str | None]  # account, conversation, thread: one session
+IN_A_THREAD = (
+    "In a channel, each thread with me is its own conversation, and Slack does not tell me "
+    "which thread a command was typed in. Write it in the thread instead, mentioning me: "
+    "{bot} {command}"
+)
 
 
 class Inbound:
@@ -158,6 +163,15 @@ class Inbound:
     def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None:
         incoming = parse_action(mend_strings(payload))
         return None if incoming is None else self.accept(incoming)
+
+    def not_here(self, form: dict[str, Any]) -> str | None:
+        """What to tell, privately, whoever typed a slash command in a channel: there every
+        thread with the bot is its own conversation and Slack does not say which thread the
+        command was typed in, so it would act on none of them. None in a DM."""
+        if str(form.get("channel_id", "")).startswith("D"):
+            return None
+        bot = f"<@{self._identity.user_id}>" if self._identity.user_id else "@me"
+        return IN_A_THREAD.format(bot=bot, command=form.get("command") or "/reset")
 
     def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None:
         incoming = parse_command(mend_strings(form))

@@ -49,6 +49,11 @@ class SocketMode:
         elif req.type == "interactive":
             task = self._inbound.on_action(payload)
         elif req.type == "slash_commands":
+            hint = self._inbound.not_here(payload)
+            if hint is not None:  # a reply only the person who typed the command sees
+                response = SocketModeResponse(envelope_id=req.envelope_id, payload={"text": hint})
+                await client.send_socket_mode_response(response)
+                return
             task = self._inbound.on_command(payload)
         if not await self._inbound.stored(task):
             if event:
