@@ -1,4 +1,10 @@
-"""mrkdwn cut into Block Kit messages under Slack's limits, code blocks closed and reopened.
+"""mrkdwn cut into Block Kit messages under Slack's limits, each section valid on its own.
+
+A cut inside a paragraph closes what is open there and reopens it in the next section, as the
+Telegram and WhatsApp chunkers do: the code block (same fence, same indent in a list item),
+the `*`/`_`/`~` styles and inline code, and a quote's `>` on the continued line. Styles are
+read off the mrkdwn the way Slack pairs them (an opener before text, not after a letter; a
+closer after text), so a lone `*` in the text stays text.
 
 Limits (reference/channels.md §3.3): section text ≤ 3000, ≤ 50 blocks a message, an actions
 block ≤ 25 elements, button text ≤ 75 and value ≤ 2000. Slack has refused block sets well
@@ -28,7 +34,12 @@ ACTIONS_LIMIT = 25
 BUTTON_TEXT = 75
 BUTTON_VALUE = 2000
 _FENCE = "```"
+_FENCE_LINE = re.compile(r" *```[\w+#.-]*")  # an opening fence, indented in a list item
+_QUOTE = re.compile(r"(?:>(?: |$))*")
+_TOKEN = re.compile(r"`[^`\n]+`|<[^<>\n]*>|[*_~]")  # inline code, a link, a style marker
 _ENTITY = re.compile(r"&[a-z]{0,4}$")
+
+_Mark = tuple[int, str, bool]  # where in the line, the marker, whether it opens
 
 
 @dataclass(frozen=True)
@@ -40,17 +51,23 @@ class SlackMessage:
 
 
 def sections(text: str, limit: int = SECTION_LIMIT) -> list[str]:
-    """Section texts of at most `limit` chars; paragraphs kept whole where they fit, and a
-    code block cut in two is closed at the end of one section and reopened in the next."""
+    """Section texts of at most `limit` chars, each one valid mrkdwn on its own: paragraphs
+    kept whole where they fit, and at a cut inside one the code block and the styles open
+    there are closed and reopened in the next section, and a quote's `>` goes on with it."""
     out: list[str] = []
     current = ""
-    for piece in _pieces(text, limit):
-        joined = f"{current}\n\n{piece}" if current else piece
-        if len(joined) <= limit:
+    for paragraph in _paragraphs(text):
+        first, *rest = _pack(_rows(paragraph, limit), limit)
+        joined = f"{current}\n\n{first}" if current else first
+        if current and len(joined) > limit:
+            out.append(current)
+            joined = first
+        if not rest:
             current = joined
             continue
-        out.append(current)
-        current = piece
+        out.append(joined)
+        out.extend(rest[:-1])
+        current = rest[-1]
     if current:
         out.append(current)
     return out
@@ -99,85 +116,211 @@ def _button(index: int, label: str, value: str) -> dict[str, Any]:
     }
 
 
-def _pieces(text: str, limit: int) -> list[str]:
-    """Paragraphs and code blocks, each cut to fit `limit` on its own."""
-    pieces: list[str] = []
-    para: list[str] = []
-    code: list[str] | None = None
+@dataclass
+class _Code:
+    """A fenced code block: its opening fence (indented in a list item), lines and closing fence."""
+
+    opener: str
+    lines: list[str] = field(default_factory=list)
+    closer: str = ""
+
+
+def _paragraphs(text: str) -> list[list[list[str] | _Code]]:
+    """The text split at blank lines outside code: per paragraph, its runs of text lines and
+    its code blocks, in order."""
+    paragraphs: list[list[list[str] | _Code]] = [[]]
+    code: _Code | None = None
     for line in text.split("\n"):
+        para = paragraphs[-1]
         if code is not None:
-            if line == _FENCE:
-                pieces.extend(_code_pieces(code, limit))
-                code = None
+            if line.strip() == _FENCE:
+                code.closer, code = line, None
             else:
-                code.append(line)
-        elif line == _FENCE:
-            pieces.extend(_text_pieces(para, limit))
-            para, code = [], []
-        elif line.strip():
-            para.append(line)
+                code.lines.append(line)
+        elif _FENCE_LINE.fullmatch(line):
+            code = _Code(line)
+            para.append(code)
+        elif not line.strip():
+            if para:
+                paragraphs.append([])
+        elif para and isinstance(para[-1], list):
+            para[-1].append(line)
         else:
-            pieces.extend(_text_pieces(para, limit))
-            para = []
-    if code is not None:
-        pieces.extend(_code_pieces(code, limit))
-    pieces.extend(_text_pieces(para, limit))
-    return pieces
+            para.append([line])
+    return [para for para in paragraphs if para]
 
 
-def _text_pieces(lines: list[str], limit: int) -> list[str]:
-    out: list[str] = []
-    current = ""
-    for line in lines:
-        for part in _cut(line, limit):
-            joined = f"{current}\n{part}" if current else part
-            if len(joined) > limit:
-                out.append(current)
-                joined = part
-            current = joined
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A line, or a part of a cut one: `text` where it goes on from the row before; where it
+    starts a section `head` goes in at `at` (the code block's opening fence, the quote's `>`,
+    the styles open); `tail` closes what is still open after it where a section ends."""
+
+    text: str
+    head: str = ""
+    at: int = 0
+    tail: str = ""
+    alone: bool = False  # the rest of a cut line: it always starts a section
+
+    def opening(self) -> str:
+        return self.text[: self.at] + self.head + self.text[self.at :]
+
+
+def _pack(rows: list[_Row], limit: int) -> list[str]:
+    """Rows, one a line, in as few parts of at most `limit` chars as fit, each closed."""
+    parts: list[str] = []
+    current, tail = "", ""
+    for row in rows:
+        fits = len(current) + 1 + len(row.text) + len(row.tail) <= limit
+        if current and not row.alone and fits:
+            current = f"{current}\n{row.text}"
+        else:
+            if current:
+                parts.append(current + tail)
+            current = row.opening()
+        tail = row.tail
     if current:
-        out.append(current)
-    return out
+        parts.append(current + tail)
+    return parts
 
 
-def _code_pieces(lines: list[str], limit: int) -> list[str]:
-    room = limit - 2 * (len(_FENCE) + 1)
-    out: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    for line in lines:
-        for part in _cut(line, room, strip=False):
-            if current and size + 1 + len(part) > room:
-                out.append(current)
-                current, size = [], 0
-            size += len(part) + (1 if current else 0)
-            current.append(part)
-    if current:
-        out.append(current)
-    return [f"{_FENCE}\n" + "\n".join(body) + f"\n{_FENCE}" for body in out if "".join(body)]
+def _rows(paragraph: list[list[str] | _Code], limit: int) -> list[_Row]:
+    rows: list[_Row] = []
+    for item in paragraph:
+        rows.extend(_code_rows(item, limit) if isinstance(item, _Code) else _text_rows(item, limit))
+    return rows
 
 
-def _cut(line: str, limit: int, *, strip: bool = True) -> list[str]:
-    """A line in parts of at most `limit` chars, cut at a space outside links where possible,
-    never inside an `&amp;`-style entity; code (strip=False) keeps every space."""
+def _code_rows(code: _Code, limit: int) -> list[_Row]:
+    """Each code line a row that reopens the block (same fence, same indent) in a new section
+    and closes it at the end of one; a line too long for a section is cut."""
+    pad = code.opener[: len(code.opener) - len(code.opener.lstrip(" "))]
+    head, tail = f"{code.opener}\n", f"\n{code.closer or pad + _FENCE}"
+    room = max(limit - len(head) - len(tail) - len(pad), 1)
+    rows: list[_Row] = []
+    for line in code.lines:
+        indent = pad if line.startswith(pad) else ""
+        body = line[len(indent) :]
+        parts = [body] if len(body) <= room else _cut(body, room)
+        rows.extend(_Row(indent + part, head, 0, tail, alone=n > 0) for n, part in enumerate(parts))
+    if not rows:
+        return [_Row(head + tail[1:])]
+    rows[0] = _Row(head + rows[0].text, "", 0, tail, rows[0].alone)
+    last = rows[-1]
+    rows[-1] = _Row(last.text + tail, last.head, 0, "", last.alone)
+    return rows
+
+
+def _text_rows(lines: list[str], limit: int) -> list[_Row]:
+    rows: list[_Row] = []
+    stack: list[str] = []
+    for line, marks in zip(lines, _marks(lines), strict=True):
+        rows.extend(_line_rows(line, marks, stack, limit))
+    return rows
+
+
+def _marks(lines: list[str]) -> list[list[_Mark]]:
+    """Per line, the style markers that pair up the way Slack reads them (an opener before
+    text and not after a letter, a closer after text), and inline code as a pair of
+    backticks; any other `*`, `_` or `~` is plain text, and so is anything inside a link."""
+    found: list[list[_Mark]] = [[] for _ in lines]
+    stack: list[tuple[int, int, str]] = []  # unclosed openers: line, index, marker
+    for n, line in enumerate(lines):
+        body = len(_quote(line))
+        for match in _TOKEN.finditer(line, body):
+            token, i = match.group(), match.start()
+            if token[0] == "`":
+                found[n] += [(i, "`", True), (match.end() - 1, "`", False)]
+                continue
+            if token[0] == "<":
+                continue
+            before = line[i - 1] if i > body else " "
+            after = line[i + 1 : i + 2] or " "
+            closes = before != token and not before.isspace() and not after.isalnum()
+            if closes and token in (m for *_, m in stack):
+                while stack[-1][2] != token:
+                    stack.pop()  # an opener never closed is text
+                opened_line, opened_at, _ = stack.pop()
+                found[opened_line].append((opened_at, token, True))
+                found[n].append((i, token, False))
+            elif not after.isspace() and not before.isalnum():
+                stack.append((n, i, token))
+    for marks in found:
+        marks.sort()
+    return found
+
+
+def _line_rows(line: str, marks: list[_Mark], stack: list[str], limit: int) -> list[_Row]:
+    """A text line as rows within `limit`, cut at spaces where it is too long. `stack` holds
+    the styles open at its start and is left holding those open at its end."""
+    quote = _quote(line)
+    lead = len(line) - len(line[len(quote) :].lstrip(" "))
+    depth = level = len(stack)
+    for _, _, opens in marks:
+        level += 1 if opens else -1
+        depth = max(depth, level)
+    room = max(limit - len(quote) - 2 * depth, 1)
+    rows: list[_Row] = []
+    start, k = len(quote), 0
+    while True:
+        end = len(line) if len(line) - start <= room else _cut_point(line, start, room, marks)
+        opened = "".join(stack)
+        while k < len(marks) and marks[k][0] < end:
+            _, mark, opens = marks[k]
+            if opens:
+                stack.append(mark)
+            else:
+                stack.pop()
+            k += 1
+        closed = "".join(reversed(stack))
+        text = line[start:end].rstrip() if end < len(line) else line[start:end]
+        if rows:
+            rows.append(_Row(quote + text, opened, len(quote), closed, alone=True))
+        else:
+            rows.append(_Row(quote + text, opened, lead, closed))
+        start = end
+        while start < len(line) and line[start].isspace():
+            start += 1
+        if start == len(line):
+            return rows
+
+
+def _quote(line: str) -> str:
+    """The quote marks a line starts with ("> ", "> > ", or ">" alone)."""
+    match = _QUOTE.match(line)
+    return match.group() if match else ""
+
+
+def _cut(line: str, limit: int) -> list[str]:
+    """A code line in parts of at most `limit` chars, every space kept."""
     parts: list[str] = []
     while len(line) > limit:
-        at = _cut_point(line, limit)
-        head, line = line[:at], line[at:]
-        parts.append(head.rstrip() if strip else head)
-        line = line.lstrip() if strip else line
+        at = _cut_point(line, 0, limit)
+        parts.append(line[:at])
+        line = line[at:]
     parts.append(line)
     return parts
 
 
-def _cut_point(line: str, limit: int) -> int:
-    head = line[: limit + 1]
-    for at in range(len(head) - 1, limit // 2, -1):
-        if head[at] == " " and head.rfind("<", 0, at) <= head.rfind(">", 0, at):
+def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = None) -> int:
+    """Where to cut `line[start:]` to keep at most `room` chars: at a space outside links in
+    the second half, else before a link that starts mid-line, else never inside an
+    `&amp;`-style entity; never just after a style opens or just before one closes."""
+    end = start + room
+    for at in range(end, start + room // 2, -1):
+        if line[at] == " " and line.rfind("<", start, at) <= line.rfind(">", start, at):
             return at
-    at = limit
-    opened = line.rfind("<", 0, at)
-    if opened > line.rfind(">", 0, at) and opened > 0:
-        return opened  # keep a link whole when it starts mid-line
-    entity = _ENTITY.search(line, 0, at)
-    return entity.start() if entity and entity.start() > 0 else at
+    at = end
+    opened = line.rfind("<", start, end)
+    entity = _ENTITY.search(line, start, end)
+    if opened > line.rfind(">", start, end) and opened > start:
+        at = opened  # keep a link whole when it starts mid-line
+    elif entity and entity.start() > start:
+        at = entity.start()
+    opening = {i for i, _, opens in marks or () if opens}
+    closing = {i for i, _, opens in marks or () if not opens}
+    while at - 1 > start and at - 1 in opening:
+        at -= 1
+    while at in closing:
+        at += 1  # the closer stands in for the one the cut would add
+    return at
