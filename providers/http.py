@@ -28,6 +28,9 @@ from providers.sse import ServerSentEvent, SSEDecoder, SSEError
 __all__ = ["HttpModelClient"]
 
 
+_CREDENTIALS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})
+
+
 class HttpModelClient(ABC):
     """What the HTTP model clients share: one aiohttp session, the retry rule, and a call that
     streams or not. Subclasses build the body, judge the status and read their provider's
@@ -60,6 +63,13 @@ class HttpModelClient(ABC):
         self._proxy_headers = {"Proxy-Authorization": proxy_auth} if proxy_auth else None
         if proxy_auth and self._url.scheme == "http":  # no CONNECT: the proxy reads the request
             self._headers["Proxy-Authorization"] = proxy_auth
+        # what a provider's error text may echo back (a wrong key, in full): never kept
+        credentials = [v for k, v in self._headers.items() if k.lower() in _CREDENTIALS]
+        self._secrets = sorted(
+            {part for v in credentials for part in (v, *v.split()) if len(part) >= 8},
+            key=len,
+            reverse=True,
+        )
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
         self._model = model
@@ -90,7 +100,18 @@ class HttpModelClient(ABC):
                 await sink(response.text)
             return response
 
-        return await with_retries(self._retry, once, on_delta)
+        try:
+            return await with_retries(self._retry, once, on_delta)
+        except ModelError as exc:
+            text = str(exc)
+            clean = text
+            for secret in self._secrets:
+                clean = clean.replace(secret, "***")
+            if clean == text:
+                raise
+            raise ModelError(
+                clean, retryable=exc.retryable, retry_after=exc.retry_after, status=exc.status
+            ) from None
 
     def _payload(self, request: ModelRequest) -> bytes:
         """The encoded body, with the tools' cached JSON spliced in as its last member."""

@@ -47,6 +47,9 @@ class Api:
             await asyncio.sleep(2)
         if request.path == "/hop":
             raise web.HTTPFound(request.query["to"])
+        if request.path == "/echo":  # an endpoint that shows the request back
+            headers = dict(request.headers)
+            return web.json_response({"headers": headers, "raw": str(request.headers)})
         if request.path == "/missing":
             return web.json_response({"error": "no such order"}, status=404)
         return web.json_response({"ok": True, "path": request.path})
@@ -95,6 +98,26 @@ async def test_get_fills_the_template_and_sends_the_rest_as_query(api: Api) -> N
     }
     assert api.seen[0]["query"] == {"v": "3"}
     assert api.seen[0]["auth"] == "Bearer s3cret"
+
+
+async def test_a_secret_header_echoed_back_never_reaches_the_model(api: Api) -> None:
+    """The result goes to the model, the run record and the history."""
+    token = "shoptoken-SECRET-777777777"
+    spec = HttpToolSpec(
+        name="echo",
+        description="echo",
+        url=api.url + "/echo",
+        parameters={"type": "object", "properties": {}},
+        headers={"Authorization": f"Bearer {token}", "X-Key": 'k"ey-with-quote'},
+        allow_hosts=("127.0.0.1",),
+        allow_private=True,
+    )
+    result = await ToolRegistry([HttpTool(spec)]).call("echo", "{}", CTX)
+    assert result.ok
+    assert api.seen[0]["auth"] == f"Bearer {token}"
+    assert token not in result.content
+    assert "quote" not in result.content
+    assert json.loads(result.content)["body"]["headers"]["Authorization"] == "***"
 
 
 async def test_post_sends_a_json_body(api: Api) -> None:

@@ -230,6 +230,19 @@ async def test_authorization_header_when_api_key_given(
     assert "authorization" not in without_key
 
 
+async def test_an_error_that_echoes_the_api_key_never_carries_it(
+    fake_openai: FakeOpenAI, make_client: ClientFactory, stream: bool
+) -> None:
+    """A provider's 401 may quote the key it was given; the error text ends in run records."""
+    key = "sk-SECRETMODELKEY-4242424242"
+    fake_openai.script(Error(401, f"Incorrect API key provided: {key}"))
+    with pytest.raises(ModelError) as caught:
+        await make_client(stream=stream, api_key=key).complete(_request())
+    assert key not in str(caught.value)
+    assert "Incorrect API key provided: ***" in str(caught.value)
+    assert caught.value.status == 401
+
+
 # -- retries and failures -----------------------------------------------------------------
 
 

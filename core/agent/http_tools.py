@@ -96,6 +96,11 @@ class HttpTool:
         self.timeout_s = spec.timeout_s
         self.confirm = spec.confirm
         self._transport = transport
+        # an endpoint may echo the request back: its headers (tokens) never reach the model,
+        # the run record or the history
+        parts = {p for v in spec.headers.values() for p in (v, *v.split()) if len(p) >= 8}
+        forms = parts | {json.dumps(p)[1:-1] for p in parts}
+        self._secrets = sorted(forms, key=len, reverse=True)
 
     async def __call__(self, args: BaseModel, ctx: ToolContext) -> dict[str, Any]:
         values = dict(args.model_dump())
@@ -128,8 +133,13 @@ class HttpTool:
                     data, truncated = await _read_capped(response, self.spec.max_response_bytes)
                 finally:
                     await response.aclose()
-                return _result(response, data, truncated)
+                return _result(response, self._scrub(data.decode("utf-8", "replace")), truncated)
         raise ToolError(f"{self.name}: too many redirects")
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _url(self, values: dict[str, Any]) -> str:
         def fill(m: re.Match[str]) -> str:
@@ -176,8 +186,7 @@ async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]
     return b"".join(chunks), False
 
 
-def _result(response: httpx.Response, data: bytes, truncated: bool) -> dict[str, Any]:
-    text = data.decode("utf-8", errors="replace")
+def _result(response: httpx.Response, text: str, truncated: bool) -> dict[str, Any]:
     body: Any = text
     if not truncated and "json" in response.headers.get("content-type", ""):
         try:
