@@ -236,6 +236,15 @@ async def test_login_sets_an_hmac_cookie_never_the_token(tmp_path: Path) -> None
             headers={"Content-Type": "application/json", "Origin": gw.url},
         )
         assert same.status_code == 404  # authorized; there is just no such dead letter
+        for kind, huge in (("outbox", 2**70), ("inbox", 2**63)):  # past SQLite's INTEGER
+            big = json.dumps({"kind": kind, "id": huge})
+            r = await c.post(
+                "/admin/api/dead-letters/retry",
+                content=big,
+                headers={"Content-Type": "application/json", "Origin": gw.url},
+            )
+            assert r.status_code == 400, r.text
+            assert "id:" in r.json()["error"]
 
         expires, mac = value.split(".")
         forged = f"{int(expires) + 3600}.{mac}"

@@ -221,8 +221,8 @@ async def retry(request: web.Request) -> web.StreamResponse:
     if not isinstance(body, dict) or body.get("kind") not in ("outbox", "inbox"):
         return json_error(400, 'kind: "outbox" or "inbox"')
     item_id = body.get("id")
-    if not isinstance(item_id, int) or isinstance(item_id, bool) or item_id < 1:
-        return json_error(400, "id: a positive integer")
+    if not isinstance(item_id, int) or isinstance(item_id, bool) or not 1 <= item_id < 2**63:
+        return json_error(400, "id: a positive integer below 2^63 (a row id)")
     q = _console(request)
     if body["kind"] == "outbox":
         skey = await q.retry_outbox(item_id)
