@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo
 
 from core.access import Access, AccessRule
+from core.policies import ChannelPolicy, QueueMode
 
 __all__ = ["ChannelSection", "present", "required_when_enabled", "secret"]
 
@@ -22,6 +23,9 @@ class ChannelSection(BaseModel):
     flood_messages: int = Field(default=0, ge=0, le=10_000)  # per window and sender; 0: off
     flood_window_s: float = Field(default=60.0, gt=0, le=86_400)
     pairing_ttl_s: float = Field(default=3600.0, ge=60, le=30 * 86_400)
+    # the agent's queue mode and debounce for this channel's sessions (unset: the agent's)
+    queue_mode: QueueMode | None = None
+    debounce_ms: int | None = Field(default=None, ge=0, le=60_000)
 
     def access_rule(self) -> AccessRule:
         return AccessRule(
@@ -32,6 +36,10 @@ class ChannelSection(BaseModel):
             flood_window_s=self.flood_window_s,
             pairing_ttl_s=self.pairing_ttl_s,
         )
+
+    def channel_policy(self) -> ChannelPolicy:
+        debounce_s = None if self.debounce_ms is None else self.debounce_ms / 1000
+        return ChannelPolicy(queue_mode=self.queue_mode, debounce_s=debounce_s)
 
     def problems(self, public_url: str | None) -> list[tuple[str, str]]:
         """Rules that need other sections (e.g. a webhook needs server.public_url); keys are

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -82,6 +83,22 @@ class SessionPolicy:
     max_pending: int = 100
     history_turns: int = 10
     lease_ttl_s: float = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelPolicy:
+    """What a channel overrides of the agent's policy for its sessions (None: the agent's)."""
+
+    queue_mode: QueueMode | None = None
+    debounce_s: float | None = None
+
+    def applied(self, policy: SessionPolicy) -> SessionPolicy:
+        changes = {
+            name: value
+            for name in ("queue_mode", "debounce_s")
+            if (value := getattr(self, name)) is not None
+        }
+        return dataclasses.replace(policy, **changes) if changes else policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,7 @@ class SessionRunner:
 
     def __init__(self, mgr: SessionManager, key: SessionKey, profile: AgentProfile) -> None:
         self.mgr, self.key, self.skey, self.profile = mgr, key, str(key), profile
-        self.policy = profile.policy
+        self.policy = mgr.policy_for(key, profile)
         self.poked = True
         self.last_arrival = 0.0
         self.arrival = asyncio.Event()

@@ -23,6 +23,7 @@ from core.policies import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
     AgentProfile,
+    ChannelPolicy,
     LiveOutlet,
     NotifyingStore,
     QueueMode,
@@ -39,6 +40,7 @@ __all__ = [
     "OVERFLOW_NOTICE",
     "RESET_REPLY",
     "AgentProfile",
+    "ChannelPolicy",
     "DeliveryPolicy",
     "LiveOutlet",
     "NotifyingStore",
@@ -66,8 +68,10 @@ class SessionManager:
         quota: QuotaPolicy | None = None,
         telemetry: Telemetry | None = None,
         access: dict[str, AccessRule] | None = None,
+        channel_policies: Mapping[str, ChannelPolicy] | None = None,
     ) -> None:
         self.store = store
+        self.channel_policies = dict(channel_policies or {})
         self.agents = agents
         self.router = router or Router()
         self.quota = quota or QuotaPolicy()
@@ -86,6 +90,12 @@ class SessionManager:
         self._idle.set()
         self._sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+
+    def policy_for(self, key: SessionKey, profile: AgentProfile) -> SessionPolicy:
+        """The agent's policy, with what the session's channel overrides (queue mode,
+        debounce)."""
+        override = self.channel_policies.get(key.channel)
+        return profile.policy if override is None else override.applied(profile.policy)
 
     async def start(self, *, sweep_interval_s: float = 5.0) -> None:
         """Resume sessions with unanswered messages or undelivered replies, listen for

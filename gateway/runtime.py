@@ -133,6 +133,10 @@ class Runtime:
                 name: getattr(settings.channels, name).access_rule()
                 for name in ("web", *PLATFORM_CHANNELS)
             },
+            channel_policies={
+                name: getattr(settings.channels, name).channel_policy()
+                for name in ("web", *PLATFORM_CHANNELS)
+            },
         )
         return cls(settings, store, models, manager, profiles)
 

@@ -167,6 +167,21 @@ async def test_twenty_messages_to_a_slow_model_all_answered_in_order(
     assert fake_openai.max_concurrent == 1
 
 
+async def test_the_web_channel_overrides_the_agents_queue_mode(
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    """[channels.web] queue_mode beats [agent] queue_mode for web chat sessions."""
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}", delay_s=0.3)
+    extra = '[agent]\nqueue_mode = "collect"\n[channels.web]\nqueue_mode = "followup"\n'
+    gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url, extra))
+    async with browser(gw) as client:
+        for i in range(3):
+            assert (await post(client, f"message {i}", f"m{i}")).status_code == 202
+            await asyncio.sleep(0.05)
+        replies = await wait_replies(client, 3)
+    assert [r["text"] for r in replies] == [f"echo: message {i}" for i in range(3)]
+
+
 async def test_duplicate_post_is_answered_once(
     tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
 ) -> None:

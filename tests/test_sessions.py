@@ -23,6 +23,7 @@ from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
     AgentProfile,
+    ChannelPolicy,
     DeliveryPolicy,
     QueueMode,
     SessionManager,
@@ -133,6 +134,7 @@ async def make_rig(
         model: EchoModel | None = None,
         outlet: RecordingOutlet | None = None,
         lease_ttl_s: float = 15.0,
+        channel: ChannelPolicy | None = None,
     ) -> Rig:
         model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
         outlet = outlet or RecordingOutlet()
@@ -154,6 +156,7 @@ async def make_rig(
             {"test": outlet},
             max_concurrent_runs=max_runs,
             delivery=DeliveryPolicy(base_delay_s=0.01),
+            channel_policies={"test": channel} if channel else None,
         )
         managers.append(manager)
         await manager.start()
@@ -327,6 +330,27 @@ async def test_global_cap_limits_concurrent_runs(make_rig: Callable[..., Any]) -
     await settle(rig)
     assert len(rig.outlet.sent) == 6
     assert rig.model.max_concurrent == 2
+
+
+async def test_a_channel_overrides_the_agents_queue_mode(make_rig: Callable[..., Any]) -> None:
+    """DESIGN §2: queue modes per agent, overridable per channel."""
+    override = ChannelPolicy(queue_mode=QueueMode.FOLLOWUP)
+    rig: Rig = await make_rig(delay_s=0.1, channel=override)  # the agent says collect
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.03)
+    await rig.manager.submit(msg("second"))
+    await rig.manager.submit(msg("third"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: first", "echo: second", "echo: third"]
+
+
+async def test_a_channel_sets_its_own_debounce(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(channel=ChannelPolicy(debounce_s=0.15))  # the agent has none
+    for word in ("so", "about", "my bike"):
+        await rig.manager.submit(msg(word))
+        await asyncio.sleep(0.03)
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: so | about | my bike"]
 
 
 async def test_debounce_merges_a_burst_into_one_turn(make_rig: Callable[..., Any]) -> None:

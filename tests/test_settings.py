@@ -565,3 +565,16 @@ def test_warning_when_no_channel_is_enabled(tmp_path: Path) -> None:
     )
     assert [key for key, _ in warnings] == ["channels"]
     assert "switchboard chat" in warnings[0][1]
+
+
+def test_a_channel_section_overrides_the_queue_mode_and_debounce(tmp_path: Path) -> None:
+    """DESIGN §2: queue modes overridable per channel; debounce per channel."""
+    path = write(tmp_path, '[channels.web]\nqueue_mode = "followup"\ndebounce_ms = 500\n')
+    web = load_settings(path).channels.web.channel_policy()
+    assert (web.queue_mode, web.debounce_s) == (QueueMode.FOLLOWUP, 0.5)
+    unset = load_settings(write(tmp_path, "", "empty.toml")).channels.telegram.channel_policy()
+    assert (unset.queue_mode, unset.debounce_s) == (None, None)  # the agent's
+    bad = write(tmp_path, '[channels.slack]\nqueue_mode = "later"\ndebounce_ms = -1\n', "b.toml")
+    keys = [key for key, _ in problems_of(bad)]
+    assert "channels.slack.queue_mode" in keys
+    assert "channels.slack.debounce_ms" in keys
