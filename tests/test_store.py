@@ -397,6 +397,19 @@ async def test_transcript_puts_a_reply_after_what_it_answered(store: Store) -> N
     assert second.id > first.id
 
 
+async def test_transcript_never_puts_a_reply_before_one_sent_earlier(store: Store) -> None:
+    """An operator answers while the session is handed off; the agent's reply to the held
+    message comes later: the person saw the operator's first, and so does the transcript."""
+    held = await store.put_inbound(S1, msg(text="after handoff"), 100)
+    await asyncio.sleep(0.01)
+    await store.enqueue_replies(S1, [Reply(text="OPERATOR")])
+    await asyncio.sleep(0.01)
+    assert await store.acquire_lease(S1, "w", 30.0)
+    await store.complete_turn("w", run_for(S1, [held.id]), "x", [Reply(text="echo")])
+    entries = await store.transcript(S1, 10)
+    assert [e.text for e in entries] == ["after handoff", "OPERATOR", "echo"]
+
+
 async def test_set_state_and_get_session(store: Store) -> None:
     fresh = await store.get_session(S1)
     assert (fresh.key, fresh.epoch, fresh.state) == (S1, 0, {})

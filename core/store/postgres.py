@@ -306,11 +306,13 @@ class PostgresStore:
                 " SELECT 'in-' || id AS entry, 'user' AS role, payload AS body,"
                 "  received_at AS ts, received_at AS k, 0 AS o, id AS n FROM inbox, since"
                 "  WHERE session = $1 AND received_at >= since.t"
-                " UNION ALL"
-                " SELECT 'out-' || o.id, 'assistant', o.reply, o.created_at,"
-                "  coalesce((SELECT max(i.received_at) FROM inbox i WHERE i.run_id = o.run_id"
-                "   AND i.session = o.session), o.created_at), 1, o.id FROM outbox o, since"
-                "  WHERE o.session = $1 AND o.created_at >= since.t"
+                " UNION ALL"  # replies as in the SQLite store (see there)
+                " SELECT 'out-' || id, 'assistant', reply, created_at,"
+                "  max(k0) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING), 1, id FROM ("
+                "  SELECT o.id, o.reply, o.created_at, coalesce((SELECT max(i.received_at)"
+                "   FROM inbox i WHERE i.run_id = o.run_id AND i.session = o.session),"
+                "   o.created_at) AS k0 FROM outbox o, since"
+                "  WHERE o.session = $1 AND o.created_at >= since.t) AS r"
                 ") AS t ORDER BY k DESC, o DESC, n DESC LIMIT $2",
                 session,
                 limit,

@@ -442,17 +442,20 @@ class SqliteStore:
             lambda c: _fetchall(
                 c,
                 # a reply sorts right after the newest message its run answered (it may have
-                # been committed after later messages arrived), else by when it was created
+                # been committed after later messages arrived), else by when it was created,
+                # and never before a reply created earlier (an operator's, say)
                 "WITH since AS (SELECT coalesce(max(reset_at), 0) AS t FROM sessions WHERE key = ?)"
                 " SELECT entry, role, body, ts FROM ("
                 " SELECT 'in-' || id AS entry, 'user' AS role, payload AS body,"
                 "  received_at AS ts, received_at AS k, 0 AS o, id AS n FROM inbox, since"
                 "  WHERE session = ? AND received_at >= since.t"
                 " UNION ALL"
-                " SELECT 'out-' || o.id, 'assistant', o.reply, o.created_at,"
-                "  coalesce((SELECT max(i.received_at) FROM inbox i WHERE i.run_id = o.run_id"
-                "   AND i.session = o.session), o.created_at), 1, o.id FROM outbox o, since"
-                "  WHERE o.session = ? AND o.created_at >= since.t"
+                " SELECT 'out-' || id, 'assistant', reply, created_at,"
+                "  max(k0) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING), 1, id FROM ("
+                "  SELECT o.id, o.reply, o.created_at, coalesce((SELECT max(i.received_at)"
+                "   FROM inbox i WHERE i.run_id = o.run_id AND i.session = o.session),"
+                "   o.created_at) AS k0 FROM outbox o, since"
+                "  WHERE o.session = ? AND o.created_at >= since.t)"
                 ") ORDER BY k DESC, o DESC, n DESC LIMIT ?",
                 (session, session, session, limit),
             )
