@@ -42,7 +42,7 @@ def build_app(
     for adapter in channels.values():
         if isinstance(adapter, HttpRoutes):
             app.add_routes(adapter.routes())
-    chat = WebChat()
+    chat = WebChat(store)
     app[WEBCHAT] = chat
     if settings.channels.web.enabled:
         channels[chat.name] = chat

@@ -256,3 +256,41 @@ async def test_sigterm_past_the_grace_hands_the_turn_back(
     replies = await _wait_for_replies(cluster.url, 1, timeout=20)  # type: ignore[attr-defined]
     assert list(replies.values()) == [["echo: s3-m0"]]
     assert time.monotonic() - started < 15
+
+
+async def _messages_on_stream(replica: Replica, session: int, want: int) -> list[str]:
+    """The `message` events one page gets on its stream from `replica`, until `want`."""
+    texts: list[str] = []
+    async with (
+        httpx.AsyncClient(timeout=None) as client,
+        client.stream("GET", replica.url + "/chat/events", headers=_cookie(session)) as resp,
+    ):
+        event = ""
+        async for line in resp.aiter_lines():
+            if line.startswith("event: "):
+                event = line.removeprefix("event: ")
+            elif line.startswith("data: ") and event == "message":
+                texts.append(json.loads(line.removeprefix("data: "))["text"])
+                if len(texts) >= want:
+                    return texts
+    return texts
+
+
+@pytest.mark.timeout(120)
+async def test_a_page_gets_every_reply_whichever_replica_runs_the_turn(
+    cluster: Callable[..., Any], fake_openai: FakeOpenAI
+) -> None:
+    """Two tabs of one browser have their streams open on different replicas, and each turn
+    runs on one of them: both tabs get every reply live (the other tab once got none)."""
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}", delay_s=0.1)
+    replicas = await cluster(2)
+    tabs = [asyncio.create_task(_messages_on_stream(r, 7, 3)) for r in replicas]
+    await asyncio.sleep(0.5)  # the streams are open
+    async with httpx.AsyncClient(timeout=5) as client:
+        for m in range(3):
+            body = {"text": f"s7-m{m}", "client_id": f"s7-m{m}"}
+            target = replicas[m % 2].url
+            r = await client.post(target + "/chat/messages", json=body, headers=_cookie(7))
+            assert r.status_code == 202, r.text
+    for tab in tabs:
+        assert await asyncio.wait_for(tab, 30) == [f"echo: s7-m{m}" for m in range(3)]

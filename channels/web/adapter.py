@@ -1,20 +1,32 @@
-"""The web chat: browser sessions by cookie, live events over Server-Sent Events."""
+"""The web chat: browser sessions by cookie, live events over Server-Sent Events.
+
+On several replicas (PostgreSQL), a browser's event stream may be open on another replica than
+the one that runs its turn. The replica that sends a reply announces it to every replica
+(`kv_set(..., announce=True)`: a NOTIFY), and each replica with a stream open for that browser
+reads the replies it has not shown from the transcript and sends them on. Typing and streamed
+previews stay with the replica that runs the turn; every reply reaches every open page.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import secrets
 import time
 from collections import defaultdict
 from typing import Any
 
+from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from channels.base import BadInput
+from core.errors import StoreError
 from core.models import InboundMessage, MessageKind, OutboundPart, Sender, SessionKey
+from core.policies import KvWatchingStore, NotifyingStore
+from core.store import Store
 
 __all__ = ["WebChat", "new_session_id", "valid_session_id"]
 
@@ -26,6 +38,11 @@ OUTPUT_RULES = (
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 _COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)")
 QUEUE_SIZE = 1000
+NS_REPLIES = "web.replies"  # session key -> its newest reply part; announced to every replica
+SHOWN_MAX = 20_000  # reply ids this replica has put on its streams
+CATCH_UP = 20  # transcript entries read for a reply sent by another replica
+
+log = logging.getLogger(__name__)
 
 
 def new_session_id() -> str:
@@ -51,8 +68,22 @@ class WebChat:
     name = CHANNEL
     output_rules = OUTPUT_RULES
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None = None) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[str | None]]] = defaultdict(set)
+        # other replicas run turns too (PostgreSQL): replies are announced between them
+        shared = isinstance(store, NotifyingStore) and isinstance(store, KvWatchingStore)
+        self._relay: Store | None = store if shared else None
+        self._shown: LRUCache[str, None] = LRUCache(SHOWN_MAX)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        if isinstance(self._relay, KvWatchingStore):
+            await self._relay.watch_kv(NS_REPLIES, self._sent_elsewhere)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def parse(self, session_id: str, body: Any) -> InboundMessage:
         """Turn a POST /chat/messages body into a normalized message, or raise BadInput."""
@@ -115,17 +146,55 @@ class WebChat:
     # Outlet and LiveOutlet
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
+        shown = f"out-{part.id}"
+        self._shown[shown] = None
         self._publish(
             key.conversation,
             "message",
             {
-                "id": f"out-{part.id}",
+                "id": shown,
                 "run_id": part.run_id,
                 "text": part.reply.text,
                 "buttons": [b.model_dump() for b in part.reply.buttons],
             },
         )
-        return f"out-{part.id}"
+        if self._relay is not None:
+            try:
+                await self._relay.kv_set(NS_REPLIES, str(key), str(part.id), announce=True)
+            except StoreError as exc:  # the reply is stored; a page elsewhere sees it on reload
+                log.warning("web reply not announced to other replicas: %s", exc)
+        return shown
+
+    def _sent_elsewhere(self, skey: str | None) -> None:
+        """A replica sent a reply for `skey`: show it on this replica's open pages."""
+        if skey is None:  # announcements may have been missed: pages catch up on reconnect
+            return
+        try:
+            key = SessionKey.parse(skey)
+        except ValueError:
+            return
+        if key.channel != CHANNEL or key.conversation not in self._subscribers:
+            return
+        task = asyncio.create_task(self._catch_up(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _catch_up(self, key: SessionKey) -> None:
+        if self._relay is None:
+            return
+        try:
+            entries = await self._relay.transcript(str(key), CATCH_UP)
+        except StoreError as exc:
+            log.warning("web replies from another replica not shown: %s", exc)
+            return
+        for e in entries:
+            if e.role != "assistant" or e.id in self._shown:
+                continue
+            self._shown[e.id] = None
+            buttons = [b.model_dump() for b in e.reply.buttons] if e.reply else []
+            self._publish(
+                key.conversation, "message", {"id": e.id, "text": e.text, "buttons": buttons}
+            )
 
     async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
         self._publish(key.conversation, "typing", {"run_id": run_id})
