@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -346,6 +347,16 @@ def _is_host_name(host: str) -> bool:
     )
 
 
+def _postgres_url_problem(url: str) -> str | None:
+    """What makes a PostgreSQL URL unusable before any connection is tried (the driver would
+    fail on it with a traceback), or None."""
+    try:
+        urlsplit(url).port  # noqa: B018 - reading it checks it: a number from 0 to 65535
+    except ValueError as exc:
+        return f"not a valid PostgreSQL URL ({exc}); e.g. postgresql://user:pass@host:5432/db"
+    return None
+
+
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     """Rules that span keys. Channels fail closed: enabled without their secrets is an error."""
     p: list[tuple[str, str]] = []
@@ -356,6 +367,8 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
         p.append(("store.url", 'a SQLite URL looks like "sqlite:///data/switchboard.db"'))
     elif s.store.url.startswith("postgres") and not _has_asyncpg():
         p.append(("store.url", "PostgreSQL needs the postgres extra: pip install '.[postgres]'"))
+    elif s.store.url.startswith("postgres") and (problem := _postgres_url_problem(s.store.url)):
+        p.append(("store.url", problem))
     p.extend(_model_problems("model", s.model))
     p.extend(_agent_problems(s))
     url = s.server.public_url

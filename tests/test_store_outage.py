@@ -441,3 +441,12 @@ async def test_sqlite_is_not_ready_while_its_disk_refuses_writes(tmp_path: Path)
         assert await store.kv_get("ns", "k") == "v"
     finally:
         await store.aclose()
+
+
+async def test_a_postgresql_url_the_driver_cannot_read_is_a_store_error() -> None:
+    """`run` once died with the driver's traceback (an sslmode it does not know, say)."""
+    from core.store.postgres import PostgresStore
+
+    store = PostgresStore(PG_BASE + "?sslmode=bogus")
+    with pytest.raises(StoreError, match="cannot open PostgreSQL store"):
+        await store.start()

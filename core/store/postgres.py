@@ -79,7 +79,14 @@ class PostgresStore:
                     if version > current:
                         await c.execute(sql)
                         await c.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        # ValueError, OverflowError: the driver could not read the URL (a bad port, sslmode…)
+        except (
+            OSError,
+            ValueError,
+            OverflowError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+        ) as exc:
             await self.aclose()
             raise StoreError(f"cannot open PostgreSQL store: {exc}") from exc
 
