@@ -422,6 +422,35 @@ async def test_token_budget_makes_first_call_final() -> None:
     assert outcome.status == "limit"
 
 
+async def test_the_first_call_drops_the_oldest_history_to_fit_the_budget() -> None:
+    """The budget once bound only from the second call: a first call went out at 3.9 times
+    the budget."""
+    history = [ChatMessage("user" if i % 2 == 0 else "assistant", "word " * 200) for i in range(8)]
+    limits = Limits(token_budget=1000, max_output_tokens=100)
+    model = ScriptedModel()
+    model.add(text("fine"))
+
+    outcome, _ = await _run(model, limits, turn=_turn("and now?", history=history), tools=[])
+
+    sent = model.requests[0]
+    assert 0 < len(sent.messages) - 2 < len(history)  # the newest history, not all of it
+    assert sent.messages[-2] == history[-1]
+    assert estimate_messages(list(sent.messages)) + sent.max_tokens <= limits.token_budget
+    assert outcome.text == "fine"
+
+
+async def test_a_message_alone_past_the_budget_is_not_sent_to_the_model() -> None:
+    model = ScriptedModel()
+    model.add(text("never"))
+    limits = Limits(token_budget=300, max_output_tokens=100)
+
+    outcome, _ = await _run(model, limits, turn=_turn("word " * 790))
+
+    assert model.requests == []
+    assert outcome.limits_hit == ["token_budget"]
+    assert outcome.text == APOLOGY_EMPTY
+
+
 async def test_default_budget_does_not_end_a_short_run_early() -> None:
     model = ScriptedModel()
     model.add(

@@ -164,6 +164,13 @@ class AgentLoop:
         for token, approved in turn.confirmations:
             await self._confirmed(token, approved, ctx, messages, tool_results, out, emit)
 
+        # the budget binds the first call too: the oldest history goes until the call fits
+        smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
+        older = len(turn.history)
+        while older and estimate_messages(messages) + smallest > lim.token_budget:
+            del messages[1]  # right after the system prompt
+            older -= 1
+
         async def on_delta(text: str) -> None:
             if shown := visible.feed(text):
                 await emit(TextDelta(turn.run_id, shown))
@@ -180,13 +187,11 @@ class AgentLoop:
                 else prev_input + estimate_messages(messages[sent_upto:])
             )
             final, reason = self._final_reason(step, out, tools != (), spent, est_input)
-            max_tokens = lim.max_output_tokens
-            if step > 1:
-                room = lim.token_budget - spent - est_input
-                if room < min(32, lim.max_output_tokens):
-                    out.limits_hit.append("token_budget")
-                    break
-                max_tokens = min(max_tokens, room)
+            room = lim.token_budget - spent - est_input
+            if room < smallest:  # on the first call: the message alone is past the budget
+                out.limits_hit.append("token_budget")
+                break
+            max_tokens = min(lim.max_output_tokens, room)
             if reason and reason not in out.limits_hit:
                 out.limits_hit.append(reason)
             request = ModelRequest(
