@@ -156,7 +156,12 @@ class SessionRunner:
             session = await self.mgr.store.get_session(self.skey)
             if session.state.get("handoff"):
                 held = await self.mgr.store.hold_pending(self.skey)
-                log.info("session %s is with an operator; %d message(s) held", self.skey, held)
+                log.info(
+                    "session %s is with an operator; %d message(s) held",
+                    self.skey,
+                    held,
+                    extra={"session": self.skey, "channel": self.key.channel},
+                )
                 continue
             head = items[0]
             if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:

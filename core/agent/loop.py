@@ -136,7 +136,9 @@ class AgentLoop:
             out.limits_hit.append("run_timeout")
             out.text = APOLOGY_TIMEOUT
         except ModelError as exc:
-            log.warning("model failed: %s", exc, extra={"session": turn.session})
+            log.warning(
+                "model failed: %s", exc, extra={"session": turn.session, "run_id": turn.run_id}
+            )
             out.status = "model_error"
             out.error = str(exc)[:500]
             out.text = APOLOGY_MODEL
@@ -244,7 +246,11 @@ class AgentLoop:
         out.buttons = list(ctx.buttons)
         out.handoff = ctx.handoff
         if not last_text:
-            log.info("run %s ended without text", turn.run_id, extra={"session": turn.session})
+            log.info(
+                "run %s ended without text",
+                turn.run_id,
+                extra={"session": turn.session, "run_id": turn.run_id},
+            )
 
     async def _confirmed(
         self,
