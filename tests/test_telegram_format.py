@@ -55,6 +55,10 @@ def coverage(text: str, entities: list[dict[str, object]]) -> list[frozenset[str
     return [frozenset(c) for c in cover]
 
 
+def _in_code(cover: list[frozenset[str]], unit: int) -> bool:
+    return unit < len(cover) and any(label.startswith("pre:") for label in cover[unit])
+
+
 def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
     """Every chunk parses, fits, is trimmed (a chunk starting in a code block keeps its first
     line's indentation), keeps its formatting; together they are the text."""
@@ -71,7 +75,12 @@ def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
         in_code = any(e["type"] == "pre" and e["offset"] == 0 for e in entities)
         assert text == (text.rstrip() if in_code else text.strip())
         assert utf16(text) <= limit
-        while full[pos] in "\r\n" or (not in_code and full[pos].isspace()):
+        while full[pos].isspace():
+            line = full[pos:].split("\n", 1)[0]
+            at_line = pos == 0 or full[pos - 1] in "\r\n"
+            fits = utf16(line) - utf16(line.lstrip()) < limit
+            if at_line and line.strip() and fits and _in_code(full_cover, utf16(full[:pos])):
+                break  # in code, the indentation of a line with text is kept (if it fits)
             pos += 1
         assert full.startswith(plain, pos)
         start = utf16(full[:pos])

@@ -126,21 +126,32 @@ def _common(a: Stack, b: Stack) -> int:
 
 def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
     """Ranges of `text`, each at most `limit` UTF-16 units once trimmed, cut at a paragraph,
-    else a line, else a sentence, else a word boundary, else between characters. A range
-    starting in `verbatim` (a code block) skips only the line breaks before it, never the
-    indentation of its first line."""
+    else a line, else a sentence, else a word boundary, else between characters. In `verbatim`
+    ranges (code blocks) the next range skips the spaces at a cut inside a line, but never the
+    indentation of a line that starts it."""
     units = [0]
     for ch in text:
         units.append(units[-1] + (2 if ord(ch) > 0xFFFF else 1))
     n, out = len(text), []
     starts = [a for a, _ in verbatim]
 
-    def skip(at: int) -> int:
+    def in_code(at: int) -> bool:
         i = bisect.bisect_right(starts, at) - 1
-        inside = i >= 0 and verbatim[i][0] <= at < verbatim[i][1]
-        return _skip_breaks(text, at) if inside else _skip_space(text, at)
+        return i >= 0 and verbatim[i][0] <= at < verbatim[i][1]
 
-    pos = skip(0)
+    def skip(at: int, floor: int) -> int:
+        """The start of the next range: past the blanks at the cut, but in code a line with
+        text starts with its indentation (a cut inside that indentation goes back to it)."""
+        line = text.rfind("\n", 0, at) + 1
+        if in_code(at) and line > floor and not text[line:at].strip():
+            at = line
+        while at < n and text[at].isspace():
+            if (at == 0 or text[at - 1] in "\r\n") and in_code(at) and _has_text(text, at):
+                break
+            at += 1
+        return at
+
+    pos = skip(0, -1)
     while pos < n:
         end = _trim_end(text, pos, n)
         if units[end] - units[pos] <= limit:
@@ -148,8 +159,11 @@ def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> li
             break
         hard = max(bisect.bisect_right(units, units[pos] + limit, pos, n + 1) - 1, pos + 1)
         cut = _best_cut(text, pos, hard)
-        out.append((pos, _trim_end(text, pos, cut)))
-        pos = skip(cut)
+        if _trim_end(text, pos, cut) == pos:  # only a code line's indentation before the cut
+            cut = hard
+        if (end := _trim_end(text, pos, cut)) > pos:  # else an indentation wider than a message
+            out.append((pos, end))
+        pos = skip(cut, pos)
     return out
 
 
@@ -199,16 +213,9 @@ def _joins(ch: str) -> bool:
     )
 
 
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
-
-
-def _skip_breaks(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos] in "\r\n":
-        pos += 1
-    return pos
+def _has_text(text: str, line: int) -> bool:
+    end = text.find("\n", line)
+    return bool(text[line : len(text) if end < 0 else end].strip())
 
 
 def _trim_end(text: str, pos: int, end: int) -> int:
