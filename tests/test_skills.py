@@ -478,14 +478,29 @@ async def test_crash_detail_ends_with_the_exception(tmp_path: Path, workspace: P
     assert detail(result).endswith("RuntimeError: boom")
 
 
-async def test_output_is_capped(tmp_path: Path, workspace: Path) -> None:
+async def test_output_is_capped(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_skill(
         tmp_path,
         "loud",
         "import sys, time\nsys.stdout.write('x' * 200_000)\nsys.stdout.flush()\ntime.sleep(30)\n",
     )
+    spawned: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def spy(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        spawned.append(await spawn(*args, **kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spy)
     result = await run(tool_for(tmp_path, workspace, max_output_bytes=1000), "loud")
     assert "printed more than 1000 bytes and was stopped" in detail(result)
+    script = spawned[-1]
+    # its unread output is drained, so the pipe closes now, not when collected (a
+    # ResourceWarning in whatever test then runs the collector)
+    assert script.stdout is not None
+    assert script.stdout.at_eof()
 
 
 async def test_oversized_args_are_refused(tmp_path: Path, workspace: Path) -> None:

@@ -164,6 +164,7 @@ class RunSkillScript:
             if proc.returncode is None:  # timed out or cancelled: never leave it running
                 _kill(proc)
                 await proc.wait()
+            await _drain(proc)
         if too_big:
             raise ToolError(f"{ref} printed more than {self._max_output} bytes and was stopped.")
         detail = _tail(err)
@@ -230,6 +231,16 @@ class RunSkillScript:
                     "skill scripts without network: %s", " ".join(self._sandbox) or "bootstrap"
                 )
             return self._sandbox
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    """Read what a finished script left in its pipes (a script stopped for printing too much
+    left its output unread): a pipe is closed once read to the end, not when collected."""
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(1.0):  # a grandchild that left the group may hold a pipe
+            for stream in (proc.stdout, proc.stderr):
+                while stream is not None and await stream.read(65536):
+                    pass
 
 
 async def _probe_unshare(unshare: str | None, python: str) -> tuple[str, ...]:
