@@ -304,10 +304,12 @@ class FakeTelegram:
         times: int = 1,
         after: int = 0,
         retry_after: float | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> None:
         """After `after` more calls of `method` succeed, the next `times` answer this error
-        (with parameters.retry_after when given)."""
-        parameters = {"retry_after": retry_after} if retry_after is not None else None
+        (with these response parameters, retry_after among them when given)."""
+        if retry_after is not None:
+            parameters = {**(parameters or {}), "retry_after": retry_after}
         queue = self._failures.setdefault(method, [])
         queue.extend([None] * after + [(code, description, parameters)] * times)
 

@@ -282,6 +282,25 @@ async def test_a_429_on_a_preview_edit_is_waited_out(
     assert tg.early_retries == 0
 
 
+async def test_a_reply_to_a_group_upgraded_to_a_supergroup_goes_to_the_supergroup(
+    start: Start, tg: FakeTelegram
+) -> None:
+    """Telegram answers 400 with migrate_to_chat_id; the reply was failed for good."""
+    supergroup = -1009876543210
+    tg.fail_next(
+        "sendMessage",
+        400,
+        "Bad Request: group chat was upgraded to a supergroup chat",
+        parameters={"migrate_to_chat_id": supergroup},
+    )
+    gw = await start(tg, "streaming = false\n")
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot hello", chat=GROUP))
+    await until(lambda: tg.in_chat(supergroup), timeout=20)
+    assert [s.text for s in tg.in_chat(supergroup)] == ["echo: hello"]
+    assert tg.in_chat(GROUP["id"]) == []
+    assert [o["status"] for o in gw.outbox()] == ["sent"]
+
+
 async def test_a_429_on_the_typing_action_is_waited_out(
     start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -161,7 +161,7 @@ class TelegramClient:
         if isinstance(exc, tg.Forbidden):
             return ChannelError(text, retryable=False, code=BLOCKED)
         if isinstance(exc, tg.ChatMigrated):
-            return ChannelError(text, retryable=False, code="migrated")
+            return ChatMigrated(text, int(exc.new_chat_id))
         if isinstance(exc, tg.BadRequest):
             return ChannelError(text, retryable=False, code="bad_request")
         if isinstance(exc, tg.InvalidToken):
@@ -169,6 +169,14 @@ class TelegramClient:
         if isinstance(exc, tg.Conflict):
             return ChannelError(text, retryable=True, code="conflict")
         return ChannelError(text, retryable=True, code="network")  # NetworkError, TimedOut, …
+
+
+class ChatMigrated(ChannelError):
+    """The group became a supergroup with a new chat id: worth sending there instead."""
+
+    def __init__(self, message: str, new_chat_id: int) -> None:
+        super().__init__(message, retryable=True, code="migrated")
+        self.new_chat_id = new_chat_id
 
 
 def _not_modified(exc: ChannelError) -> bool:

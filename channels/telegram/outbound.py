@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup
 
-from channels.telegram.client import BLOCKED, TelegramClient
+from channels.telegram.client import BLOCKED, ChatMigrated, TelegramClient
 from channels.telegram.live import Live, digest
 from channels.telegram.markdown import render
 from channels.telegram.parse import message_id_of
@@ -29,6 +29,7 @@ CALLBACK_NS = "telegram_cb"  # long button values, by the short id sent as callb
 CALLBACK_PREFIX = "sb:"
 BLOCKED_NS = "telegram_blocked"  # chat id → when Telegram said the bot was blocked
 PROGRESS_NS = "telegram_progress"  # part id → chunks already delivered
+MIGRATED_NS = "telegram_migrated"  # group chat id → its supergroup's chat id
 PROGRESS_KEEP = 1000  # parts whose progress is also kept in memory
 BUTTONS_ONLY = "⬇️"  # Telegram needs text under a keyboard
 
@@ -50,7 +51,7 @@ class Delivery:
         self._blocked: dict[int, float | None] = {}
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
-        chat = int(key.conversation)
+        chat = await self._chat(int(key.conversation))
         thread = int(key.thread) if key.thread else None
         await self._check_blocked(key, chat)
         chunks = _chunks(part.reply, str(key))
@@ -63,6 +64,12 @@ class Delivery:
                 progress.done.append(mid)
                 if len(chunks) > 1:
                     await self._save(part.id, progress)
+        except ChatMigrated as exc:  # the retry goes to the supergroup (new messages come from
+            # there too, as another session: this one only finishes what it was answering)
+            await self._store.kv_set(MIGRATED_NS, str(chat), str(exc.new_chat_id))
+            progress.targets.clear()  # the previews stay behind in the old group
+            progress.reply_to = None
+            raise
         except ChannelError as exc:
             if exc.code == BLOCKED:
                 await self._mark_blocked(chat)
@@ -108,6 +115,13 @@ class Delivery:
             )
             return await self._client.send_text(chat, html, plain, thread=thread, markup=markup)
         return mid
+
+    async def _chat(self, chat: int) -> int:
+        """Where the session's chat lives now: a group upgraded to a supergroup moved."""
+        if chat >= 0:  # private chats never move
+            return chat
+        moved = await self._store.kv_get(MIGRATED_NS, str(chat))
+        return int(moved) if moved else chat
 
     async def _start(self, key: SessionKey, part: OutboundPart, chat: int) -> _Progress:
         """Where this part stands: fresh, or resumed after a failed attempt (from memory, or
