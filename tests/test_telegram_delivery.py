@@ -298,7 +298,7 @@ async def test_a_reply_to_a_group_upgraded_to_a_supergroup_goes_to_the_supergrou
     await until(lambda: tg.in_chat(supergroup), timeout=20)
     assert [s.text for s in tg.in_chat(supergroup)] == ["echo: hello"]
     assert tg.in_chat(GROUP["id"]) == []
-    assert [o["status"] for o in gw.outbox()] == ["sent"]
+    await until(lambda: [o["status"] for o in gw.outbox()] == ["sent"])
 
 
 async def test_a_429_on_the_typing_action_is_waited_out(
