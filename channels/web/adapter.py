@@ -2,8 +2,9 @@
 
 On several replicas (PostgreSQL), a browser's event stream may be open on another replica than
 the one that runs its turn. The replica that sends a reply announces it to every replica
-(`kv_set(..., announce=True)`: a NOTIFY), and each replica with a stream open for that browser
-reads the replies it has not shown from the transcript and sends them on. Typing and streamed
+(`kv_set(..., announce=True)`: a NOTIFY, which the sender ignores), and each other replica
+with a stream open for that browser reads the replies it has not shown from the transcript and
+sends them on. Typing and streamed
 previews stay with the replica that runs the turn; every reply reaches every open page.
 """
 
@@ -16,6 +17,7 @@ import logging
 import re
 import secrets
 import time
+import uuid
 from collections import defaultdict
 from typing import Any
 
@@ -38,7 +40,7 @@ OUTPUT_RULES = (
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 _COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)")
 QUEUE_SIZE = 1000
-NS_REPLIES = "web.replies"  # session key -> its newest reply part; announced to every replica
+NS_REPLIES = "web.replies"  # "<replica> <session key>" -> its newest reply part, announced
 SHOWN_MAX = 20_000  # reply ids this replica has put on its streams
 CATCH_UP = 20  # transcript entries read for a reply sent by another replica
 
@@ -73,6 +75,7 @@ class WebChat:
         # other replicas run turns too (PostgreSQL): replies are announced between them
         shared = isinstance(store, NotifyingStore) and isinstance(store, KvWatchingStore)
         self._relay: Store | None = store if shared else None
+        self._origin = uuid.uuid4().hex[:12]  # this replica, which needs no news of its sends
         self._shown: LRUCache[str, None] = LRUCache(SHOWN_MAX)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -147,27 +150,32 @@ class WebChat:
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         shown = f"out-{part.id}"
-        self._shown[shown] = None
-        self._publish(
-            key.conversation,
-            "message",
-            {
-                "id": shown,
-                "run_id": part.run_id,
-                "text": part.reply.text,
-                "buttons": [b.model_dump() for b in part.reply.buttons],
-            },
-        )
+        if shown not in self._shown:  # else caught up already, from another replica's news
+            self._shown[shown] = None
+            self._publish(
+                key.conversation,
+                "message",
+                {
+                    "id": shown,
+                    "run_id": part.run_id,
+                    "text": part.reply.text,
+                    "buttons": [b.model_dump() for b in part.reply.buttons],
+                },
+            )
         if self._relay is not None:
             try:
-                await self._relay.kv_set(NS_REPLIES, str(key), str(part.id), announce=True)
+                where = f"{self._origin} {key}"
+                await self._relay.kv_set(NS_REPLIES, where, str(part.id), announce=True)
             except StoreError as exc:  # the reply is stored; a page elsewhere sees it on reload
                 log.warning("web reply not announced to other replicas: %s", exc)
         return shown
 
-    def _sent_elsewhere(self, skey: str | None) -> None:
-        """A replica sent a reply for `skey`: show it on this replica's open pages."""
-        if skey is None:  # announcements may have been missed: pages catch up on reconnect
+    def _sent_elsewhere(self, where: str | None) -> None:
+        """Another replica sent a reply for a session: show it on this replica's open pages."""
+        if where is None:  # announcements may have been missed: pages catch up on reconnect
+            return
+        origin, _, skey = where.partition(" ")
+        if origin == self._origin:
             return
         try:
             key = SessionKey.parse(skey)
