@@ -241,19 +241,14 @@ def _resolve(host: str, port: int) -> list[_AddrInfo]:
 
 
 def _listen(host: str, port: int) -> list[socket.socket]:
-    """Bound sockets for server.host and server.port, as asyncio's create_server makes them,
-    so a bad host or a port in use is a problem by key rather than a traceback mid-start."""
+    """Listening sockets for server.host and server.port (one per address, as asyncio makes
+    them), so a bad host or a port in use is a problem by key rather than a traceback
+    mid-start."""
     sockets: list[socket.socket] = []
     try:
-        for family, kind, proto, _, address in _resolve(host, port):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            if os.name == "posix":
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:  # one socket per family, as asyncio does
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        for family, _, _, _, address in _resolve(host, port):
             try:
-                sock.bind(address)
+                sockets.append(socket.create_server(address, family=family))
             except OSError as exc:
                 raise ConfigError([_bind_problem(exc, host, port, address[0])]) from None
     except BaseException:
