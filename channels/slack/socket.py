@@ -41,11 +41,11 @@ class SocketMode:
         self._connecting = asyncio.create_task(connect(), name="slack socket mode")
 
     async def _on_request(self, client: AsyncBaseSocketModeClient, req: SocketModeRequest) -> None:
-        payload: Any = mend_strings(req.payload) if isinstance(req.payload, dict) else {}
+        payload: Any = req.payload if isinstance(req.payload, dict) else {}
         task = None
         event = req.type == "events_api" and payload.get("type") == "event_callback"
-        if event:
-            task = self._inbound.on_event(payload)
+        if event:  # (clicks and commands are mended inside on_action and on_command)
+            task = self._inbound.on_event(mend_strings(payload))
         elif req.type == "interactive":
             task = self._inbound.on_action(payload)
         elif req.type == "slash_commands":
