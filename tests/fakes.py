@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.agent.model import ChatMessage, DeltaSink, ModelRequest, ModelResponse, ToolCall, ToolSpec
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 from core.models import InboundMessage, OutboundPart, SessionKey
 
-__all__ = ["RecordingOutlet", "ScriptedModel", "calls", "text"]
+__all__ = ["RecordingOutlet", "ScriptedModel", "calls", "failing_puts", "text"]
 
 
 @dataclass
@@ -134,3 +134,18 @@ def simple_request(
         max_tokens=max_tokens,
         temperature=temperature,
     )
+
+
+def failing_puts(monkeypatch: Any, store: Any, times: int, reason: str = "disk is full") -> None:
+    """The store's next `times` put_inbound calls raise StoreError (a full disk, an outage);
+    the ones after go through."""
+    original = store.put_inbound
+    left = [times]
+
+    async def put_inbound(*args: Any, **kwargs: Any) -> Any:
+        if left[0] > 0:
+            left[0] -= 1
+            raise StoreError(reason)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "put_inbound", put_inbound)

@@ -235,8 +235,21 @@ async def test_collect_answers_mid_run_messages_together(make_rig: Callable[...,
     assert rig.outlet.texts() == ["echo: first", "echo: second | third"]
 
 
-async def test_followup_answers_each_queued_message_alone(make_rig: Callable[..., Any]) -> None:
-    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, delay_s=0.1)
+# each mode set by the agent, or by the channel over an agent that says otherwise (DESIGN §2:
+# queue modes per agent, overridable per channel; debounce per channel)
+BY_AGENT_OR_CHANNEL = pytest.mark.parametrize("by", ["agent", "channel"])
+
+
+@BY_AGENT_OR_CHANNEL
+async def test_followup_answers_each_queued_message_alone(
+    make_rig: Callable[..., Any], by: str
+) -> None:
+    followup = (
+        {"mode": QueueMode.FOLLOWUP}
+        if by == "agent"
+        else {"channel": ChannelPolicy(queue_mode=QueueMode.FOLLOWUP)}
+    )
+    rig: Rig = await make_rig(delay_s=0.1, **followup)
     await rig.manager.submit(msg("first"))
     await asyncio.sleep(0.03)
     await rig.manager.submit(msg("second"))
@@ -332,29 +345,10 @@ async def test_global_cap_limits_concurrent_runs(make_rig: Callable[..., Any]) -
     assert rig.model.max_concurrent == 2
 
 
-async def test_a_channel_overrides_the_agents_queue_mode(make_rig: Callable[..., Any]) -> None:
-    """DESIGN §2: queue modes per agent, overridable per channel."""
-    override = ChannelPolicy(queue_mode=QueueMode.FOLLOWUP)
-    rig: Rig = await make_rig(delay_s=0.1, channel=override)  # the agent says collect
-    await rig.manager.submit(msg("first"))
-    await asyncio.sleep(0.03)
-    await rig.manager.submit(msg("second"))
-    await rig.manager.submit(msg("third"))
-    await settle(rig)
-    assert rig.outlet.texts() == ["echo: first", "echo: second", "echo: third"]
-
-
-async def test_a_channel_sets_its_own_debounce(make_rig: Callable[..., Any]) -> None:
-    rig: Rig = await make_rig(channel=ChannelPolicy(debounce_s=0.15))  # the agent has none
-    for word in ("so", "about", "my bike"):
-        await rig.manager.submit(msg(word))
-        await asyncio.sleep(0.03)
-    await settle(rig)
-    assert rig.outlet.texts() == ["echo: so | about | my bike"]
-
-
-async def test_debounce_merges_a_burst_into_one_turn(make_rig: Callable[..., Any]) -> None:
-    rig: Rig = await make_rig(debounce_s=0.15)
+@BY_AGENT_OR_CHANNEL
+async def test_debounce_merges_a_burst_into_one_turn(make_rig: Callable[..., Any], by: str) -> None:
+    quiet = {"debounce_s": 0.15} if by == "agent" else {"channel": ChannelPolicy(debounce_s=0.15)}
+    rig: Rig = await make_rig(**quiet)
     for word in ("so", "about", "my bike"):
         await rig.manager.submit(msg(word))
         await asyncio.sleep(0.03)

@@ -14,7 +14,6 @@ from urllib.parse import urlencode
 import pytest
 import pytest_asyncio
 
-from core.errors import StoreError
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_slack import (
     BOT_USER,
@@ -26,6 +25,7 @@ from tests.fake_slack import (
     payload,
     run_gateway,
 )
+from tests.fakes import failing_puts
 
 DM, CHAN = "D0DM000001", "C0CHAN0001"
 
@@ -203,15 +203,7 @@ async def test_an_event_is_stored_before_it_is_acknowledged(
     gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, fake_openai: FakeOpenAI
 ) -> None:
     body = event(message(DM, "keep me"))
-    original = gw.store.put_inbound
-    failures = [StoreError("database unavailable")]
-
-    async def flaky(*args: Any, **kwargs: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(gw.store, "put_inbound", flaky)
+    failing_puts(monkeypatch, gw.store, 1, "database unavailable")
     assert (await gw.post(body)).status_code == 503  # not stored: Slack must retry
     assert await gw.transcript(DM) == []
     retry = await gw.post(body, headers={"X-Slack-Retry-Num": "1"})
@@ -224,15 +216,7 @@ async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
 ) -> None:
     """Slack retries neither: a 200 before the store failed lost the click for good; a 503
     shows the person it failed, so they can try again."""
-    original = gw.store.put_inbound
-    failures = [StoreError("database or disk is full") for _ in range(2)]
-
-    async def flaky(*args: Any, **kwargs: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(gw.store, "put_inbound", flaky)
+    failing_puts(monkeypatch, gw.store, 2, "database or disk is full")
     click = payload("block_actions")
     click["channel"]["id"] = click["container"]["channel_id"] = DM
     command = urlencode(payload("slash_command")).encode()

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from core.errors import StoreError
 from tests.fake_openai import FakeOpenAI, last_user_text
 from tests.fake_slack import FakeSlack, gateway_config, payload, run_gateway
+from tests.fakes import failing_puts
 
 
 async def test_socket_mode_acks_envelopes_and_answers_through_the_web_api(
@@ -63,15 +62,7 @@ async def test_an_envelope_not_stored_is_not_acknowledged_and_its_retry_is_answe
     try:
         config = gateway_config(tmp_path, slack, fake_openai.url, 'mode = "socket"\n')
         async with run_gateway(config) as gw:
-            original = gw.store.put_inbound
-            failures = [StoreError("database or disk is full")]
-
-            async def flaky(*args: Any, **kwargs: Any) -> Any:
-                if failures:
-                    raise failures.pop()
-                return await original(*args, **kwargs)
-
-            monkeypatch.setattr(gw.store, "put_inbound", flaky)
+            failing_puts(monkeypatch, gw.store, 1, "database or disk is full")
             envelope = payload("socket_events_api")
             await slack.push(envelope)
             await asyncio.sleep(0.5)
