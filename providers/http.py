@@ -23,6 +23,7 @@ from yarl import URL
 from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolSpec
 from core.agent.retry import RetryPolicy, with_retries
 from core.errors import ModelError
+from core.redact import Blanker
 from providers.sse import ServerSentEvent, SSEDecoder, SSEError
 
 __all__ = ["HttpModelClient"]
@@ -64,12 +65,7 @@ class HttpModelClient(ABC):
         if proxy_auth and self._url.scheme == "http":  # no CONNECT: the proxy reads the request
             self._headers["Proxy-Authorization"] = proxy_auth
         # what a provider's error text may echo back (a wrong key, in full): never kept
-        credentials = [v for k, v in self._headers.items() if k.lower() in _CREDENTIALS]
-        self._secrets = sorted(
-            {part for v in credentials for part in (v, *v.split()) if len(part) >= 8},
-            key=len,
-            reverse=True,
-        )
+        self._blank = Blanker(v for k, v in self._headers.items() if k.lower() in _CREDENTIALS)
         self._http: aiohttp.ClientSession | None = None
         self._closed = False
         self._model = model
@@ -103,11 +99,7 @@ class HttpModelClient(ABC):
         try:
             return await with_retries(self._retry, once, on_delta)
         except ModelError as exc:
-            text = str(exc)
-            clean = text
-            for secret in self._secrets:
-                clean = clean.replace(secret, "***")
-            if clean == text:
+            if (clean := self._blank(str(exc))) == str(exc):
                 raise
             raise ModelError(
                 clean, retryable=exc.retryable, retry_after=exc.retry_after, status=exc.status

@@ -26,6 +26,7 @@ from pydantic import BaseModel, RootModel, model_validator
 
 from core.agent.tools import ToolContext
 from core.errors import ToolError
+from core.redact import Blanker
 
 __all__ = ["HttpTool", "HttpToolSpec", "host_allowed"]
 
@@ -98,9 +99,7 @@ class HttpTool:
         self._transport = transport
         # an endpoint may echo the request back: its headers (tokens) never reach the model,
         # the run record or the history
-        parts = {p for v in spec.headers.values() for p in (v, *v.split()) if len(p) >= 8}
-        forms = parts | {json.dumps(p)[1:-1] for p in parts}
-        self._secrets = sorted(forms, key=len, reverse=True)
+        self._blank = Blanker(spec.headers.values())
 
     async def __call__(self, args: BaseModel, ctx: ToolContext) -> dict[str, Any]:
         values = dict(args.model_dump())
@@ -133,13 +132,8 @@ class HttpTool:
                     data, truncated = await _read_capped(response, self.spec.max_response_bytes)
                 finally:
                     await response.aclose()
-                return _result(response, self._scrub(data.decode("utf-8", "replace")), truncated)
+                return _result(response, self._blank(data.decode("utf-8", "replace")), truncated)
         raise ToolError(f"{self.name}: too many redirects")
-
-    def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
 
     def _url(self, values: dict[str, Any]) -> str:
         def fill(m: re.Match[str]) -> str:

@@ -12,13 +12,12 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
-from urllib.parse import urlsplit
 
 from aiohttp import web
-from pydantic import BaseModel, SecretStr
 
+from core.redact import Blanker
 from gateway.admin.auth import AdminAuth, LoginThrottle
-from gateway.settings import Settings
+from gateway.settings import Settings, secret_values
 
 __all__ = ["ADMIN", "AdminState", "Changes", "Page", "Redactor"]
 
@@ -54,38 +53,11 @@ class Redactor:
     password) out of what the console sends: error texts and tool results can echo them."""
 
     def __init__(self, settings: Settings) -> None:
-        found: set[str] = set()
-        _walk(settings, found)
-        for tool in settings.tools.http.values():
-            for value in tool.headers.values():
-                found.add(value)
-                found.update(value.split())
-        password = urlsplit(settings.store.url).password
-        if password:
-            found.add(password)
-        forms = {s for s in found if len(s) >= MIN_SECRET}
-        forms |= {json.dumps(s)[1:-1] for s in forms}  # as they appear inside JSON strings
-        self._secrets = sorted(forms, key=len, reverse=True)
+        self._blank = Blanker(secret_values(settings), min_len=MIN_SECRET, mark=REDACTED)
 
     def json(self, data: Any, status: int = 200) -> web.Response:
-        text = json.dumps(data, ensure_ascii=False, default=str)
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
+        text = self._blank(json.dumps(data, ensure_ascii=False, default=str))
         return web.Response(text=text, status=status, content_type="application/json")
-
-
-def _walk(value: Any, found: set[str]) -> None:
-    if isinstance(value, SecretStr):
-        found.add(value.get_secret_value())
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            _walk(getattr(value, name), found)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _walk(item, found)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            _walk(item, found)
 
 
 @dataclass(frozen=True, slots=True)
