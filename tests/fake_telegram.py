@@ -590,7 +590,7 @@ class FakeTelegram:
 
     async def _m_answerCallbackQuery(self, p: dict[str, Any]) -> Any:
         query = str(p.get("callback_query_id", ""))
-        if query not in self._queries:
+        if query not in self._queries or query in self.answered:  # one answer per press
             raise _ApiError(
                 400,
                 "Bad Request: query is too old and response timeout expired or query ID is invalid",

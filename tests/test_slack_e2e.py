@@ -243,6 +243,17 @@ async def test_malformed_signed_bodies_get_a_4xx_never_a_5xx(gw: SlackGateway, r
     assert 400 <= r.status_code < 500
 
 
+async def test_a_signed_body_that_is_not_utf8_gets_a_400_and_a_forged_one_a_401(
+    gw: SlackGateway,
+) -> None:
+    raw = b'{"type": "event_callback", "event": {"text": "caf\xe9"}}'
+    r = await gw.post(raw)
+    assert (r.status_code, r.json()) == (400, {"error": "body is not UTF-8"})
+    forged = await gw.post(raw, secret="not-the-secret")
+    assert (forged.status_code, forged.json()) == (401, {"error": "invalid request"})
+    assert await gw.transcript(DM) == []
+
+
 async def test_bots_edits_and_other_events_never_start_a_run(
     gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:

@@ -117,6 +117,21 @@ async def test_a_button_press_is_acknowledged_even_when_it_carries_nothing(
     assert gw.inbox() == []
 
 
+async def test_a_redelivered_button_press_is_stored_and_answered_once(
+    gw: Gateway, tg: FakeTelegram
+) -> None:
+    """Telegram redelivers an update whose acknowledgement it did not get; the press has one
+    answer (a second is refused by Telegram) and is one message."""
+    press = tg.callback(ANA, message=tg.message(ANA, "Book?")["message"], data="yes")
+    assert (await gw.post(press)).status_code == 200
+    assert (await gw.post(press)).status_code == 200
+    await until(lambda: tg.answered == [press["callback_query"]["id"]])
+    await until(lambda: len(gw.inbox()) == 1)
+    await asyncio.sleep(0.2)  # a second answer would have been sent by now
+    assert tg.methods().count("answerCallbackQuery") == 1
+    assert len(gw.inbox()) == 1
+
+
 async def test_the_webhook_answers_before_the_agent_does(
     gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:

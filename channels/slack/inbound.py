@@ -5,12 +5,13 @@ listener costs its server about 440 µs of CPU per event, most of it in Bolt's m
 chain, context building and listener runner; checking the v0 signature and reading the JSON
 cost about 12 µs. Events are nearly all of the traffic, so `event_callback` takes a short path
 (about 170 µs of server CPU per request, aiohttp included): the signature (SignatureVerifier;
-401 when wrong, missing or more than 5 minutes off), `url_verification`, then retries,
-repeated `event_id`s and the same post arriving as `app_mention` and `message` are answered
-from a memory of recent ids, ignorable events are dropped by `parse_event`, and the rest is
-acknowledged once stored. Bolt keeps what it does well and what is rare: interactivity
-(form-encoded `payload=`, block_actions) and slash commands, run before the response
-(process_before_response), and an `authorize` that never calls Slack.
+401 when wrong, missing or more than 5 minutes off; 400 for a signed body that is not UTF-8),
+`url_verification`, then retries, repeated `event_id`s and the same post arriving as
+`app_mention` and `message` are answered from a memory of recent ids, ignorable events are
+dropped by `parse_event`, and the rest is acknowledged once stored. Bolt keeps what it does
+well and what is rare: interactivity (form-encoded `payload=`, block_actions) and slash
+commands, run before the response (process_before_response), and an `authorize` that never
+calls Slack.
 
 Stored, then acknowledged: an event is answered 200 only once its message is in the store
 (durable, deduped on channel:ts), because Slack never redelivers an acknowledged event. File
@@ -26,6 +27,8 @@ Socket Mode envelopes follow the same path, acknowledged once stored.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 from typing import Any
@@ -86,10 +89,11 @@ class Inbound:
         """POST /webhooks/slack: Events API and interactivity, signed v0."""
         raw = await request.read()
         headers = request.headers
-        if not self._verified(
+        verdict = self._verdict(
             raw, headers.get("X-Slack-Request-Timestamp"), headers.get("X-Slack-Signature")
-        ):
-            return web.json_response({"error": "invalid request"}, status=401)
+        )
+        if verdict is not None:
+            return verdict
         if not raw.lstrip().startswith((b"{", b"[")):
             return await self._bolt(request)
         try:
@@ -130,13 +134,30 @@ class Inbound:
         for key in (f"ev:{body.get('event_id')}", f"{event.get('channel')}:{event.get('ts')}"):
             self._seen.pop(key, None)
 
-    def _verified(self, raw: bytes, timestamp: str | None, signature: str | None) -> bool:
-        if not (timestamp and signature and timestamp.isascii() and signature.isascii()):
-            return False
-        try:
-            return self._verifier.is_valid(raw, timestamp, signature)
-        except ValueError:  # a timestamp that is not a number, a body that is not UTF-8
-            return False
+    def _verdict(
+        self, raw: bytes, timestamp: str | None, signature: str | None
+    ) -> web.Response | None:
+        """None for a signed request; else the refusal: 401 for a signature that is wrong,
+        missing or stale, 400 for a signed body that is not UTF-8 (the SDK's verifier decodes
+        the body first, so such a body is checked here, on its bytes)."""
+        if timestamp and signature and timestamp.isascii() and signature.isascii():
+            try:
+                if self._verifier.is_valid(raw, timestamp, signature):
+                    return None
+            except UnicodeDecodeError:
+                if self._signed_bytes(raw, timestamp, signature):
+                    return web.json_response({"error": "body is not UTF-8"}, status=400)
+            except ValueError:  # a timestamp that is not a number
+                pass
+        return web.json_response({"error": "invalid request"}, status=401)
+
+    def _signed_bytes(self, raw: bytes, timestamp: str, signature: str) -> bool:
+        """The v0 check on the raw bytes, for a body the SDK cannot decode (timestamp already
+        known to be a number within five minutes: the SDK checked it before decoding)."""
+        base = b"v0:" + timestamp.encode() + b":" + raw
+        key = self._verifier.signing_secret.encode()
+        digest = "v0=" + hmac.new(key, base, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(digest, signature)
 
     async def _bolt(self, request: web.Request) -> web.StreamResponse:
         # Bolt assumes well-formed payloads: a signed body that is not (a null, a list, a

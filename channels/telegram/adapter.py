@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 from aiohttp import web
+from cachetools import LRUCache
 from pydantic import ValidationError
 
 from channels.base import ChannelContext, webhook_ok
@@ -43,6 +44,7 @@ ROUTE = "/webhooks/telegram"
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 IDENTITY_NS = "telegram_identity"  # bot id → @username learnt from getMe
 POLL_MEDIA_TIMEOUT_S = 60.0
+ANSWERED_MAX = 10_000  # button presses answered lately: a redelivered one is not answered again
 OUTPUT_RULES = (
     "Telegram shows Markdown: **bold**, *italic*, ~~strikethrough~~, `code`, fenced code "
     "blocks, > quotes, [links](https://example.com) and lists. Tables show as plain rows, so "
@@ -70,6 +72,7 @@ class TelegramAdapter:
         self._delivery = Delivery(self._client, ctx.store, self._live)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0))
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answered: LRUCache[str, None] = LRUCache(ANSWERED_MAX)
         self._closed = False
 
     # HttpRoutes
@@ -133,8 +136,12 @@ class TelegramAdapter:
         incoming = normalize(update, self._me, self._opts)
         if incoming is not None:
             await self._store(incoming, media_timeout_s)
-        if update.callback_query is not None:
+        if update.callback_query is not None and update.callback_query.id not in self._answered:
+            # Telegram takes one answer per press; a redelivery (the first acknowledgement was
+            # lost) is stored once by the inbox and answered once here. After a restart it is
+            # answered again: Telegram refuses that harmlessly, and it may be the first answer
             query_id = update.callback_query.id
+            self._answered[query_id] = None
             self._spawn(self._answer(query_id), "telegram callback answer")
 
     async def _store(self, incoming: Incoming, media_timeout_s: float) -> None:
