@@ -26,7 +26,7 @@ from core.policies import (
     LiveOutlet,
     QueueMode,
 )
-from core.store.base import InboxItem, Quota, RunRecord, SessionRecord
+from core.store.base import HistoryEntry, InboxItem, Quota, RunRecord, SessionRecord
 
 if TYPE_CHECKING:
     from core.sessions import SessionManager
@@ -144,6 +144,8 @@ class SessionRunner:
         while not self.lease_lost:
             self.poked = False
             await self.deliver()
+            if self.mgr._closing:
+                return  # draining: stored replies go out, no new turn starts
             await self._debounce()
             if drained and not self.poked:
                 return  # nothing to read: whatever arrives now pokes _main into another round
@@ -167,14 +169,26 @@ class SessionRunner:
             if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:
                 await self._command(head)
                 continue
-            batch = list(itertools.takewhile(lambda i: not _is_command(i), items))
-            if self.policy.queue_mode is QueueMode.FOLLOWUP and not self.coalesce:
-                batch = batch[:1]
-            self.coalesce = False
             waits = self.mgr._slots.locked()  # the session may change while this run waits
             async with self.mgr._slots:
+                if self.mgr._closing:
+                    return
+                if waits:  # what arrived while this waited for a run slot counts too
+                    items = await self.mgr.store.pending(self.skey)
+                    if not items or _is_command(items[0]):
+                        continue
+                batch = self._batch(items)
                 await self._turn(batch, None if waits else session)
             drained = len(batch) == len(items) and not self.poked
+
+    def _batch(self, items: list[InboxItem]) -> list[InboxItem]:
+        """The messages the next turn answers, by the queue mode: all pending up to the next
+        command, or (followup) the first alone, with the burst it came in (debounce)."""
+        batch = list(itertools.takewhile(lambda i: not _is_command(i), items))
+        if self.policy.queue_mode is QueueMode.FOLLOWUP and not self.coalesce:
+            batch = batch[: _burst(batch, self.policy.debounce_s)]
+        self.coalesce = False
+        return batch
 
     async def _debounce(self) -> None:
         """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
@@ -201,7 +215,9 @@ class SessionRunner:
         self.batch_texts = [describe_inbound(i.message) for i in batch]
         if session is None:
             session = await self.mgr.store.get_session(self.skey)
-        history = await self.mgr.store.history(self.skey, self.policy.history_turns * 2)
+        turns = self.policy.history_turns
+        # room for notices and operator replies (assistant entries that answer no turn)
+        history = _last_turns(await self.mgr.store.history(self.skey, turns * 3), turns)
         rules = self.profile.output_rules.get(self.key.channel, "")
         turn = Turn(
             run_id=run.id,
@@ -213,12 +229,7 @@ class SessionRunner:
             steer=self._steer if self.policy.queue_mode is QueueMode.STEER else None,
             workspace=self._workspace(),
             guard=self._fence,
-            confirmations=[
-                (m.group(2), m.group(1) == "confirm")
-                for i in batch
-                if i.message.kind is MessageKind.BUTTON
-                and (m := _CONFIRM.match(i.message.button_value or ""))
-            ],
+            confirmations=[c for i in batch if (c := _confirmation(i)) is not None],
         )
         quotas = self.mgr.quota.quotas(self.key, batch[0].message.sender.id)
         day = time.strftime("%Y-%m-%d", time.gmtime())
@@ -274,7 +285,7 @@ class SessionRunner:
             return
         finally:
             self.turn_task = None
-        if quotas and outcome.status == "model_error" and outcome.steps == 0:
+        if quotas and outcome.status in ("model_error", "error") and outcome.steps == 0:
             await self.mgr.store.release_usage(day, run.credits, quotas)  # nothing produced
             run.credits = 0.0
         self.committing = True
@@ -337,12 +348,14 @@ class SessionRunner:
         self._report(run)
 
     async def _steer(self) -> list[str]:
-        """Messages that arrived since the turn started, up to the next command."""
+        """Messages that arrived since the turn started, up to the next command or the next
+        press of a Confirm or Cancel button (a turn reads those from its first batch only, so
+        they open the next turn)."""
         new = []
         for item in await self.mgr.store.pending(self.skey):
             if item.id in self.batch_ids:
                 continue
-            if _is_command(item):
+            if _is_command(item) or _confirmation(item) is not None:
                 break
             new.append(item)
         texts = [describe_inbound(i.message) for i in new]
@@ -370,11 +383,18 @@ class SessionRunner:
             inbox_ids=[item.id],
             detail={"command": name},
         )
-        await self.mgr.store.complete_turn(self.mgr.owner, run, "", [Reply(text=text)])
+        await self.mgr.store.complete_turn(
+            self.mgr.owner, run, "", [Reply(text=text)], remember=False
+        )
 
     async def notice(self, text: str) -> None:
+        """A notice now, in the middle of a turn: sent at once by the lease holder; without
+        the lease (another replica holds it) it waits in the outbox for whoever holds it."""
         await self.mgr.store.enqueue_replies(self.skey, [Reply(text=text)])
-        await self.deliver()
+        if self.holding and not self.lease_lost:
+            await self.deliver()
+        else:
+            self.mgr._wake(self.key, arrived=False)
 
     async def deliver(self) -> None:
         """Send stored reply parts in order; each is marked sent once the platform confirms."""
@@ -399,6 +419,36 @@ TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in
 
 def _is_command(item: InboxItem) -> bool:
     return item.message.kind is MessageKind.COMMAND and item.message.command in COMMANDS
+
+
+def _last_turns(entries: list[HistoryEntry], turns: int) -> list[HistoryEntry]:
+    """The history from the `turns`-th newest user message on (all of it, with fewer): an
+    answer whose question is out of the window is no use to the model."""
+    users = [i for i, e in enumerate(entries) if e.role == "user"]
+    if turns <= 0:
+        return []
+    return entries[users[-turns] :] if len(users) >= turns else entries
+
+
+def _burst(items: list[InboxItem], window_s: float) -> int:
+    """How many of `items` came in one burst with the first: each within `window_s` of the one
+    before, by when they were received (1 with no debounce window)."""
+    n = 1
+    while (
+        window_s > 0
+        and n < len(items)
+        and items[n].message.received_at - items[n - 1].message.received_at <= window_s
+    ):
+        n += 1
+    return n
+
+
+def _confirmation(item: InboxItem) -> tuple[str, bool] | None:
+    """(token, confirmed) for a press of a Confirm or Cancel button a tool asked for."""
+    if item.message.kind is not MessageKind.BUTTON:
+        return None
+    m = _CONFIRM.match(item.message.button_value or "")
+    return (m.group(2), m.group(1) == "confirm") if m else None
 
 
 def _fill(run: RunRecord, outcome: RunOutcome) -> None:

@@ -89,9 +89,17 @@ class HttpModelClient(ABC):
         payload = self._payload(request)
 
         async def once(sink: DeltaSink) -> ModelResponse:
-            if self._stream:
-                return await self._complete_stream(payload, sink)
-            response = await self._complete_once(payload)
+            try:
+                if self._stream:
+                    return await self._complete_stream(payload, sink)
+                response = await self._complete_once(payload)
+            except (AttributeError, TypeError, KeyError, IndexError) as exc:
+                # valid JSON in a shape the reader did not expect (a null choice, a delta
+                # that is a string): a bad answer from the model, never a stuck session
+                raise ModelError(
+                    f"model answered in an unexpected shape ({type(exc).__name__})",
+                    retryable=True,
+                ) from exc
             if response.text:
                 await sink(response.text)
             return response

@@ -80,21 +80,21 @@ class OpenAIClient(HttpModelClient):
             msg = choice.get("message") or {}
             calls = tuple(
                 ToolCall(
-                    id=c.get("id") or f"call_{i}",
-                    name=c["function"]["name"],
-                    arguments=c["function"].get("arguments") or "",
+                    id=str(c.get("id") or f"call_{i}"),
+                    name=str(c["function"]["name"]),
+                    arguments=_arguments(c["function"].get("arguments")),
                 )
                 for i, c in enumerate(msg.get("tool_calls") or [])
             )
-            usage = data.get("usage") or {}
+            usage = _usage(data.get("usage"))
             return ModelResponse(
-                text=msg.get("content") or "",
+                text=_text(msg.get("content")),
                 tool_calls=calls,
-                input_tokens=usage.get("prompt_tokens"),
-                output_tokens=usage.get("completion_tokens"),
-                finish_reason=choice.get("finish_reason"),
+                input_tokens=_count(usage, "prompt_tokens"),
+                output_tokens=_count(usage, "completion_tokens"),
+                finish_reason=_finish(choice.get("finish_reason")),
             )
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError("model returned a malformed response", retryable=True) from exc
 
     async def _complete_stream(self, payload: bytes, sink: DeltaSink) -> ModelResponse:
@@ -114,21 +114,21 @@ class OpenAIClient(HttpModelClient):
                     raise ModelError("model stream sent an unexpected chunk", retryable=True)
                 if "error" in chunk:
                     raise ModelError(f"model stream error: {str(chunk['error'])[:200]}")
-                usage = chunk.get("usage") or usage
+                usage = _usage(chunk.get("usage")) or usage
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        text.append(delta["content"])
-                        await sink(delta["content"])
+                    if piece := _text(delta.get("content")):
+                        text.append(piece)
+                        await sink(piece)
                     assembler.feed(delta.get("tool_calls") or [])
-                    finish = choice.get("finish_reason") or finish
+                    finish = _finish(choice.get("finish_reason")) or finish
         if finish is None and not usage:
             raise ModelError("model stream ended early", retryable=True)
         return ModelResponse(
             text="".join(text),
             tool_calls=assembler.result(),
-            input_tokens=usage.get("prompt_tokens"),
-            output_tokens=usage.get("completion_tokens"),
+            input_tokens=_count(usage, "prompt_tokens"),
+            output_tokens=_count(usage, "completion_tokens"),
             finish_reason=finish,
         )
 
@@ -162,7 +162,7 @@ class _ToolCallAssembler:
             self._slots[index] = slot
             current["id"] = current["id"] or new_id
             current["name"] = current["name"] or str(fn.get("name") or "")
-            current["arguments"] += str(fn.get("arguments") or "")
+            current["arguments"] += _arguments(fn.get("arguments"))
 
     def result(self) -> tuple[ToolCall, ...]:
         return tuple(
@@ -170,6 +170,39 @@ class _ToolCallAssembler:
             for i, c in sorted(self.calls.items())
             if c["name"]
         )
+
+
+def _text(content: Any) -> str:
+    """A message's or a delta's content: a string, or (some servers) a list of text parts;
+    anything else is a malformed answer (TypeError, made a ModelError by the caller)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    raise TypeError(f"content is a {type(content).__name__}")
+
+
+def _arguments(value: Any) -> str:
+    """A tool call's arguments: a JSON string as the API sends them (some servers send the
+    object itself)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _usage(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(usage: dict[str, Any], key: str) -> int | None:
+    n = usage.get(key)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _finish(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _raise_for_status(status: int, headers: Mapping[str, str], text: str) -> None:

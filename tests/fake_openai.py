@@ -62,7 +62,10 @@ class Cut:
 
 @dataclass
 class Garbage:
-    """Answer 200 with a body that is not a valid completion."""
+    """Answer 200 with a body that is not a valid completion: `data` as the whole body, or as
+    the one event of a stream (the default is not JSON; JSON in the wrong shape works too)."""
+
+    data: str = "{not json"
 
 
 Step = Text | ToolCalls | Error | Cut | Garbage
@@ -160,7 +163,8 @@ class FakeOpenAI:
             )
         if isinstance(step, Garbage):
             ctype = "text/event-stream" if body.get("stream") else "application/json"
-            return web.Response(text="data: {not json\n\n", content_type=ctype)
+            text = f"data: {step.data}\n\n" if body.get("stream") else step.data
+            return web.Response(text=text, content_type=ctype)
         delay = getattr(step, "delay_s", 0.0)
         if delay:
             await asyncio.sleep(delay)

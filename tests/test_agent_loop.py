@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from core.agent.loop import (
     APOLOGY_EMPTY,
+    APOLOGY_ERROR,
     APOLOGY_MODEL,
     APOLOGY_TIMEOUT,
     AgentEvent,
@@ -363,7 +364,7 @@ async def test_max_output_tokens_and_length_finish() -> None:
     assert model.requests[0].max_tokens == 40
     assert "max_output_tokens" in outcome.limits_hit
     assert outcome.status == "limit"
-    assert outcome.text == "It depends on"
+    assert outcome.text == "It depends on […]"  # shown as cut short
 
 
 async def test_stop_finish_does_not_hit_output_limit() -> None:
@@ -526,6 +527,23 @@ async def test_model_error_gives_apology() -> None:
     assert outcome.text == APOLOGY_MODEL
     assert outcome.error is not None
     assert "503" in outcome.error
+    assert isinstance(events.all[-1], Done)
+
+
+async def test_an_unexpected_failure_gives_an_apology_not_a_stuck_turn() -> None:
+    """A defect under the model call (here a KeyError) ends the turn with an answer: the
+    runner would otherwise retry the same turn again and again."""
+
+    def broken(request: ModelRequest) -> ModelResponse:
+        raise KeyError("choices")
+
+    model = ScriptedModel()
+    model.add(broken)
+
+    outcome, events = await _run(model)
+
+    assert (outcome.status, outcome.text) == ("error", APOLOGY_ERROR)
+    assert outcome.error == "KeyError: 'choices'"
     assert isinstance(events.all[-1], Done)
 
 

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 from aiohttp import web
 
 from gateway.app import build_app
 from gateway.settings import load_settings
-from tests.fake_openai import Error, FakeOpenAI, Text, ToolCalls, last_user_text
+from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls, last_user_text
 
 SSE_TIMEOUT = 15.0
 
@@ -220,10 +221,15 @@ async def test_invalid_tool_arguments_are_corrected_on_the_next_step(
     assert "Opening hours" in third["content"]
 
 
+@pytest.mark.parametrize(
+    "failure",
+    [Error(500), Garbage(), Garbage('{"choices": [null]}'), Garbage('{"choices": "x"}')],
+    ids=["http-500", "not-json", "null-choice", "choices-string"],
+)
 async def test_model_outage_gets_an_apology_and_the_queue_goes_on(
-    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI, failure: Step
 ) -> None:
-    fake_openai.script(Error(500), Error(500))  # first try and its one retry
+    fake_openai.script(failure, failure)  # first try and its one retry
     gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
     async with browser(gw) as client:
         await post(client, "first", "1")

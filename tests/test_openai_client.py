@@ -474,6 +474,49 @@ async def test_stream_error_chunk_is_not_retryable(canned: Canned) -> None:
     assert len(canned.paths) == 1
 
 
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        {"choices": [None]},
+        {"choices": [{"index": 0, "delta": "hello"}]},
+        {"choices": {"index": 0}},
+        {"choices": [{"index": 0, "delta": {"content": 5}}]},
+    ],
+    ids=["null-choice", "string-delta", "choices-object", "number-content"],
+)
+async def test_a_chunk_in_an_unexpected_shape_is_a_retryable_model_error(
+    canned: Canned, chunk: dict[str, Any]
+) -> None:
+    client = _canned_client(canned, _sse(chunk))
+    try:
+        with pytest.raises(ModelError, match="unexpected shape") as info:
+            await client.complete(_request())
+    finally:
+        await client.aclose()
+    assert info.value.retryable is True
+
+
+async def test_odd_but_readable_shapes_are_read(canned: Canned) -> None:
+    """Content as a list of text parts, usage that is not an object, arguments sent as an
+    object rather than a JSON string: each is what some OpenAI-compatible server sends."""
+    call = {"index": 0, "id": "c1", "function": {"name": "lookup", "arguments": {"q": "x"}}}
+    answer = _sse(
+        {"choices": [{"index": 0, "delta": {"content": [{"type": "text", "text": "Hi"}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}], "usage": [1, 2]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    )
+    client = _canned_client(canned, answer)
+    try:
+        response = await client.complete(_request())
+    finally:
+        await client.aclose()
+    assert response.text == "Hi"
+    assert [(c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
+        ("lookup", {"q": "x"})
+    ]
+    assert response.input_tokens is None
+
+
 async def test_stream_with_index_reusing_provider(canned: Canned) -> None:
     """A provider that sends every complete call at index 0, each with its own id."""
     answer = _sse(

@@ -135,6 +135,7 @@ async def make_rig(
         outlet: RecordingOutlet | None = None,
         lease_ttl_s: float = 15.0,
         channel: ChannelPolicy | None = None,
+        history_turns: int = 10,
     ) -> Rig:
         model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
         outlet = outlet or RecordingOutlet()
@@ -148,6 +149,7 @@ async def make_rig(
                 max_pending=max_pending,
                 debounce_s=debounce_s,
                 lease_ttl_s=lease_ttl_s,
+                history_turns=history_turns,
             ),
         )
         manager = SessionManager(
@@ -271,6 +273,24 @@ async def test_steer_injects_mid_run_messages_into_the_running_turn(
     assert await rig.store.pending(str(key())) == []
 
 
+async def test_steer_leaves_a_confirm_press_to_open_the_next_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    """A turn reads Confirm and Cancel presses from its first batch only: steered into a
+    running turn, the press would be mere text and the confirmed action would never run."""
+    rig: Rig = await make_rig(mode=QueueMode.STEER, delay_s=0.15, tool_first=True)
+    await rig.manager.submit(msg("first"))
+    await asyncio.sleep(0.05)  # during the first model call
+    press = msg("Confirm", kind=MessageKind.BUTTON, button_value="confirm:0badc0de")
+    await rig.manager.submit(press)
+    await rig.manager.submit(msg("and this"))
+    await settle(rig)
+    assert rig.outlet.texts() == [
+        "echo: first",
+        "echo: [pressed the button: Confirm] | and this",
+    ]
+
+
 async def test_steer_on_final_call_falls_to_next_turn(make_rig: Callable[..., Any]) -> None:
     rig: Rig = await make_rig(mode=QueueMode.STEER, delay_s=0.15)  # one call: it is final
     await rig.manager.submit(msg("first"))
@@ -336,6 +356,29 @@ async def test_overflow_gets_one_visible_notice_and_is_kept(make_rig: Callable[.
     assert [e.text for e in transcript if e.role == "user"] == ["m0", "m1", "m2", "m3"]
 
 
+async def test_an_overflow_notice_is_left_to_the_replica_holding_the_lease(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    """Another replica holds the session, with a reply of its own not yet sent: this one
+    stores the notice but sends nothing, or that reply would go out twice."""
+    rig: Rig = await make_rig(max_pending=1)
+    skey = str(key("O"))
+    assert await store.acquire_lease(skey, "other-replica", 30.0)
+    await store.enqueue_replies(skey, [Reply(text="the other replica's answer")])
+    await rig.manager.submit(msg("m0", "O"))
+    assert (await rig.manager.submit(msg("m1", "O"))).status is InboxStatus.OVERFLOW
+    for _ in range(100):  # the notice is stored by a task of its own
+        if len(await store.outbox_pending(skey)) == 2:
+            break
+        await asyncio.sleep(0.01)
+    await settle(rig)
+    assert rig.outlet.texts(key("O")) == []
+    assert [p.reply.text for p in await store.outbox_pending(skey)] == [
+        "the other replica's answer",
+        OVERFLOW_NOTICE,
+    ]
+
+
 async def test_global_cap_limits_concurrent_runs(make_rig: Callable[..., Any]) -> None:
     rig: Rig = await make_rig(delay_s=0.05, max_runs=2)
     for i in range(6):
@@ -354,6 +397,82 @@ async def test_debounce_merges_a_burst_into_one_turn(make_rig: Callable[..., Any
         await asyncio.sleep(0.03)
     await settle(rig)
     assert rig.outlet.texts() == ["echo: so | about | my bike"]
+
+
+async def test_followup_with_debounce_merges_a_burst_and_answers_later_messages_alone(
+    make_rig: Callable[..., Any],
+) -> None:
+    """DESIGN §2: debounce merges the bursts people type; followup gives each queued message
+    its own turn. A burst is messages each within the window of the one before."""
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, debounce_s=0.15, delay_s=0.3)
+    for word in ("so", "about", "my bike"):
+        await rig.manager.submit(msg(word))
+        await asyncio.sleep(0.03)
+    await asyncio.sleep(0.25)  # during the burst's turn
+    await rig.manager.submit(msg("one more"))
+    await asyncio.sleep(0.3)  # more than the window after it
+    await rig.manager.submit(msg("and another"))
+    await settle(rig)
+    assert rig.outlet.texts() == [
+        "echo: so | about | my bike",
+        "echo: one more",
+        "echo: and another",
+    ]
+
+
+async def test_a_turn_waiting_for_a_run_slot_answers_what_arrived_meanwhile(
+    make_rig: Callable[..., Any],
+) -> None:
+    """One run slot, taken by another session: the second message, sent while this session
+    waited for the slot, is part of its turn (interrupt: one reply, not an outdated one)."""
+    rig: Rig = await make_rig(mode=QueueMode.INTERRUPT, delay_s=0.3, max_runs=1)
+    await rig.manager.submit(msg("busy", "other"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    await rig.manager.submit(msg("I want to book"))
+    await asyncio.sleep(0.05)
+    await rig.manager.submit(msg("for two people"))
+    await settle(rig)
+    assert rig.outlet.texts(key()) == ["echo: I want to book | for two people"]
+
+
+async def test_no_turn_starts_once_shutdown_began(make_rig: Callable[..., Any]) -> None:
+    """SIGTERM drains: the running turn may finish, queued messages wait for the restart."""
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, delay_s=0.2)
+    for i in range(4):
+        await rig.manager.submit(msg(f"m{i}"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    await rig.manager.aclose(grace_s=2.0)
+    assert len(rig.model.requests) == 1
+    assert rig.outlet.texts() == ["echo: m0"]
+    assert [i.message.text for i in await rig.store.pending(str(key()))] == ["m1", "m2", "m3"]
+
+
+async def test_the_history_window_is_whole_turns_without_commands_or_notices(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    rig: Rig = await make_rig(history_turns=1)
+    for text in ("first question", "second question"):
+        await rig.manager.submit(msg(text))
+        await settle(rig)
+    await rig.manager.submit(msg("/help", kind=MessageKind.COMMAND, command="help"))
+    await settle(rig)
+    await rig.manager.notify(key(), "a notice")
+    await settle(rig)
+    await rig.manager.submit(msg("third question"))
+    await settle(rig)
+    seen = [(m.role, m.content) for m in rig.model.requests[-1].messages[1:-1]]
+    assert seen == [
+        ("user", wrap_user_text("second question")),
+        ("assistant", "echo: second question"),
+        ("assistant", "a notice"),
+    ]
+    await rig.manager.submit(msg("/reset", kind=MessageKind.COMMAND, command="reset"))
+    await settle(rig)
+    await rig.manager.submit(msg("fourth question"))
+    await settle(rig)
+    assert [m.role for m in rig.model.requests[-1].messages] == ["system", "user"]
 
 
 async def test_reset_command_starts_a_fresh_session(make_rig: Callable[..., Any]) -> None:

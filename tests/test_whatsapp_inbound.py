@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest_asyncio
 
 from channels.whatsapp.settings import DEFAULT_UNSUPPORTED_REPLY
 from core.models import SessionKey
+from core.policies import HELP_REPLY, RESET_REPLY
 from tests.fake_openai import FakeOpenAI, last_user_text
 from tests.fake_whatsapp import (
     VERIFY_TOKEN,
@@ -213,6 +215,22 @@ async def test_duplicate_delivery_is_answered_once(gw: Gateway, fake_openai: Fak
     await asyncio.sleep(0.3)
     assert gw.graph.texts(USER) == ["echo: only once"]
     assert len(fake_openai.requests) == 1
+
+
+async def test_reset_and_help_are_commands_and_reset_forgets_the_history(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    await gw.notify(text_message("my code is BANANA", mid="wamid.C1"))
+    await until(lambda: len(gw.graph.texts(USER)) == 1)
+    await gw.notify(text_message("/Help", mid="wamid.C2"))  # as a phone capitalizes it
+    await until(lambda: len(gw.graph.texts(USER)) == 2)
+    await gw.notify(text_message("/reset", mid="wamid.C3"))
+    await until(lambda: len(gw.graph.texts(USER)) == 3)
+    await gw.notify(text_message("what was my code?", mid="wamid.C4"))
+    await until(lambda: len(gw.graph.texts(USER)) == 4)
+    assert gw.graph.texts(USER)[1:3] == [HELP_REPLY, RESET_REPLY]
+    assert len(fake_openai.requests) == 2  # the commands are answered without the model
+    assert "BANANA" not in json.dumps(fake_openai.requests[1])
 
 
 async def test_unsupported_gets_a_polite_notice_and_no_run(

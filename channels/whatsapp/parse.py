@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ CHANNEL = "whatsapp"
 MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
 WABA = "whatsapp_business_account"  # the object of every notification we read
 IGNORED_TYPES = ("revoke", "system")  # a deleted message, a number change: nothing to answer
+_COMMAND = re.compile(r"/([A-Za-z][A-Za-z0-9_]{0,31})(?:\s|$)")
 
 
 class _M(BaseModel):
@@ -369,6 +371,9 @@ def _content(m: _Message, base: _Fields) -> Event | None:
     kind = m.type
     body = getattr(m, kind, None) if kind in MEDIA_TYPES else None
     if kind == "text" and m.text is not None:
+        if command := _COMMAND.match(m.text.body.lstrip()):  # /reset, /help, /start
+            name = command.group(1).lower()  # phones capitalize: /Reset
+            return Incoming(_with(base, text=m.text.body, kind=MessageKind.COMMAND, command=name))
         return Incoming(_with(base, text=m.text.body))
     if isinstance(body, _Media):
         name = body.filename or f"{kind}{_extension(body.mime_type)}"

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 APOLOGY_MODEL = "Sorry, I can't reach my language model right now. Please try again in a moment."
 APOLOGY_TIMEOUT = "Sorry, that took me too long. Could you ask again, maybe more simply?"
 APOLOGY_EMPTY = "Sorry, I couldn't put together an answer to that. Could you rephrase it?"
+CUT_MARK = "[…]"  # ends an answer cut short by max_output_tokens
+APOLOGY_ERROR = "Sorry, something went wrong on my side. Please try again in a moment."
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,12 @@ class AgentLoop:
             out.status = "model_error"
             out.error = str(exc)[:500]
             out.text = APOLOGY_MODEL
+        except Exception as exc:  # a defect, not bad luck: the person still gets an answer,
+            # and the queue goes on instead of the turn being retried forever
+            log.exception("run failed", extra={"session": turn.session, "run_id": turn.run_id})
+            out.status = "error"
+            out.error = f"{type(exc).__name__}: {exc}"[:500]
+            out.text = APOLOGY_ERROR
         if out.status == "ok" and out.limits_hit:
             out.status = "limit"
         out.calls.append({"elapsed_s": round(time.monotonic() - started, 3)})
@@ -160,6 +168,7 @@ class AgentLoop:
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
         last_text = ""
+        cut = False  # the answer stopped at max_output_tokens, mid-sentence
 
         visible = StreamFilter()
 
@@ -220,7 +229,8 @@ class AgentLoop:
             if response.finish_reason == "length" and "max_output_tokens" not in out.limits_hit:
                 out.limits_hit.append("max_output_tokens")
             answer = strip_reasoning(response.text)
-            last_text = answer if answer and not shows_nothing(answer) else last_text
+            if answer and not shows_nothing(answer):
+                last_text, cut = answer, response.finish_reason == "length"
             if final or not response.tool_calls:
                 break
             messages.append(ChatMessage("assistant", response.text or None, response.tool_calls))
@@ -241,6 +251,9 @@ class AgentLoop:
                 tool_results.append(content)
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or APOLOGY_EMPTY
+        if last_text and cut:  # shown as cut short, not as if that were the whole answer
+            out.text = f"{last_text.rstrip()} {CUT_MARK}"
+            await emit(TextDelta(turn.run_id, f" {CUT_MARK}"))
         if last_text:
             await self._ground(turn, emit, out, tool_results)
         out.buttons = list(ctx.buttons)

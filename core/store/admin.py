@@ -34,8 +34,8 @@ __all__ = [
 ]
 
 # runs whose messages got an apology instead of an answer: their messages can be retried
-FAILED_RUN_STATUSES = ("model_error", "timeout")
-_FAILED = "('model_error', 'timeout')"
+FAILED_RUN_STATUSES = ("model_error", "timeout", "error")
+_FAILED = "('model_error', 'timeout', 'error')"
 
 
 @dataclass(slots=True)

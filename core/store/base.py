@@ -269,9 +269,12 @@ class Store(Protocol):
         user_text: str,
         replies: list[Reply],
         state: dict[str, Any] | None = None,
+        *,
+        remember: bool = True,
     ) -> list[OutboundPart]:
-        """In one transaction: mark the run's inbox messages answered, append history, store
-        the reply parts in the outbox, record the run and (when given) the new session state.
+        """In one transaction: mark the run's inbox messages answered, append history (unless
+        `remember` is False: a command's reply is no part of the conversation), store the
+        reply parts in the outbox, record the run and (when given) the new session state.
         Raises StoreError if `owner` no longer holds the session's lease (nothing is written)."""
 
     async def record_run(self, run: RunRecord) -> None:

@@ -335,6 +335,8 @@ class PostgresStore:
         user_text: str,
         replies: list[Reply],
         state: dict[str, Any] | None = None,
+        *,
+        remember: bool = True,
     ) -> list[OutboundPart]:
         async with self._conn(tx=True) as c:
             row = await c.fetchrow(
@@ -353,7 +355,7 @@ class PostgresStore:
                 run.id,
                 run.inbox_ids,
             )
-            if user_text:
+            if user_text and remember:
                 await c.execute(
                     "INSERT INTO messages (session, epoch, role, content, run_id, created_at)"
                     " VALUES ($1, $2, 'user', $3, $4, $5)",
@@ -364,7 +366,8 @@ class PostgresStore:
                     now,
                 )
             encoded = replies_json(replies)
-            await _insert_history(c, run.session, epoch, run.id, encoded, now)
+            if remember:
+                await _insert_history(c, run.session, epoch, run.id, encoded, now)
             await _insert_run(c, run)
             return await _insert_outbox(c, run.session, run.id, encoded)
 

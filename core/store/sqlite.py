@@ -471,6 +471,8 @@ class SqliteStore:
         user_text: str,
         replies: list[Reply],
         state: dict[str, Any] | None = None,
+        *,
+        remember: bool = True,
     ) -> list[OutboundPart]:
         encoded = replies_json(replies)
 
@@ -491,13 +493,13 @@ class SqliteStore:
                 " AND status = 'pending'",
                 (run.id, *run.inbox_ids),
             )
-            if user_text:
+            if user_text and remember:
                 c.execute(
                     "INSERT INTO messages (session, epoch, role, content, run_id, created_at)"
                     " VALUES (?, ?, 'user', ?, ?, ?)",
                     (run.session, epoch, user_text, run.id, now),
                 )
-            for reply, text in encoded:
+            for reply, text in encoded if remember else ():
                 c.execute(
                     "INSERT INTO messages (session, epoch, role, content, reply, run_id,"
                     " created_at) VALUES (?, ?, 'assistant', ?, ?, ?, ?)",
