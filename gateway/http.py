@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from channels.mend import mend_json
 from core.errors import StoreError
 from gateway.keys import METRICS
 
-__all__ = ["error_middleware", "json_error", "read_json"]
+__all__ = ["error_middleware", "json_error", "page_csp", "read_json", "same_origin"]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
 
 
 def json_error(status: int, reason: str) -> web.Response:
@@ -45,9 +52,17 @@ async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status < 400:
             raise
         reason = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
-        return json_error(exc.status, reason)
+        response = json_error(exc.status, reason)
+        for name in _KEPT_HEADERS:  # e.g. a 405's Allow, a 429's Retry-After
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
     except ConnectionResetError:  # the client went away before sending its whole body
         return json_error(400, "connection closed before the body was read")
+    except RequestPayloadError as exc:  # a Content-Encoding that does not decode, bad chunks
+        cause = exc.__cause__
+        detail = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+        return json_error(400, f"body could not be read: {detail}")
     except StoreError as exc:
         log.error("store unavailable: %s", exc)
         return json_error(503, "storage unavailable, try again later")
@@ -67,3 +82,33 @@ async def read_json(request: web.Request) -> Any:
         raise web.HTTPBadRequest(text=f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise web.HTTPBadRequest(text="body is nested too deeply") from None
+
+
+def same_origin(request: web.Request, public_url: str | None) -> bool:
+    """Whether a browser's Origin (when it sends one) is this gateway: the Host it was asked
+    for, or its public URL's host (a proxy in front may pass on a Host of its own)."""
+    origin = request.headers.get("Origin")
+    if origin is None:  # not sent by every client on same-origin requests
+        return True
+    netloc = urlsplit(origin).netloc.lower()
+    ours = {request.host.lower(), urlsplit(public_url or "").netloc.lower()} - {""}
+    return netloc in ours
+
+
+def page_csp(html: str, *, framing: str) -> str:
+    """A Content-Security-Policy for a page whose only script and style are inline in it:
+    those run, pinned by hash, and nothing else runs or loads. `framing`: frame-ancestors."""
+    scripts = " ".join(_hashes(html, "script"))
+    styles = " ".join(_hashes(html, "style"))
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src {styles}; img-src 'self' data:;"
+        f" connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors {framing}"
+    )
+
+
+def _hashes(html: str, tag: str) -> list[str]:
+    out = []
+    for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.DOTALL):
+        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        out.append(f"'sha256-{digest}'")
+    return out or ["'none'"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from importlib import resources
 
 from aiohttp import web
@@ -11,12 +12,13 @@ from aiohttp import web
 from channels.base import BadInput
 from channels.web import WebChat, new_session_id, valid_session_id
 from core.store import InboxStatus
-from gateway.http import json_error, read_json
-from gateway.keys import RUNTIME, WEBCHAT
+from gateway.http import json_error, page_csp, read_json, same_origin
+from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
 __all__ = ["add_routes"]
 
 COOKIE = "switchboard_chat"
+_FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
 
@@ -38,20 +40,37 @@ def _session(request: web.Request) -> tuple[str, bool]:
 
 
 def _set_cookie(response: web.StreamResponse, session_id: str, request: web.Request) -> None:
+    public_url = request.app[SETTINGS].server.public_url or ""
     response.set_cookie(
         COOKIE,
         session_id,
         max_age=60 * 60 * 24 * 365,
         httponly=True,
         samesite="Lax",
-        secure=request.secure,
+        secure=request.secure or public_url.lower().startswith("https://"),
         path="/",
     )
 
 
-async def page(request: web.Request) -> web.StreamResponse:
+@functools.cache
+def _page() -> tuple[str, str]:
+    """The page and its Content-Security-Policy (only its own inline script and style run;
+    any site may frame it, so it can be embedded in the business's own pages)."""
     html = resources.files("channels.web").joinpath("static/index.html").read_text("utf-8")
+    return html, page_csp(html, framing="*")
+
+
+async def page(request: web.Request) -> web.StreamResponse:
+    html, csp = _page()
     response = web.Response(text=html, content_type="text/html")
+    response.headers.update(
+        {
+            "Content-Security-Policy": csp,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+            "Cache-Control": "no-store",
+        }
+    )
     session_id, new = _session(request)
     if new:
         _set_cookie(response, session_id, request)
@@ -59,6 +78,12 @@ async def page(request: web.Request) -> web.StreamResponse:
 
 
 async def post_message(request: web.Request) -> web.StreamResponse:
+    # a page elsewhere may post here with the person's cookie (a form or a no-cors fetch):
+    # such a post comes from another Origin, or as a form's content type, and is refused
+    if not same_origin(request, request.app[SETTINGS].server.public_url):
+        return json_error(403, "cross-origin request refused")
+    if request.content_type in _FORM_TYPES:
+        return json_error(415, "send JSON (Content-Type: application/json)")
     chat: WebChat = request.app[WEBCHAT]
     session_id, new = _session(request)
     body = await read_json(request)

@@ -188,7 +188,9 @@ async def test_api_refuses_without_the_token_or_with_a_wrong_one(tmp_path: Path)
             {"Authorization": f"Bearer {cookie}"},  # the cookie is not a token
             {"Cookie": f"switchboard_admin={TOKEN}"},  # nor is the token a cookie
         ):
-            for method, path in API_ROUTES:
+            # wrong tokens count towards the throttle: each on one route, every route once
+            routes = API_ROUTES if "Authorization" not in headers else API_ROUTES[:1]
+            for method, path in routes:
                 r = await c.request(method, path, headers=headers, json={})
                 assert r.status_code == 401, (headers, method, path)
                 assert r.json() == {"error": "admin token required"}
@@ -282,6 +284,24 @@ async def test_too_many_wrong_logins_get_429(tmp_path: Path) -> None:
     async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
         for _ in range(10):
             assert (await c.post("/admin/login", json={"token": "guess"})).status_code == 401
+        assert (await c.post("/admin/login", json={"token": TOKEN})).status_code == 429
+
+
+async def test_wrong_bearer_tokens_are_throttled_and_https_cookies_are_secure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Bearer header is a guess at the token like the login form: it counts the same. With
+    an https public URL the cookie is Secure, even when the proxy speaks HTTP to us."""
+    monkeypatch.setenv("SWITCHBOARD__SERVER__PUBLIC_URL", "https://bot.example.com")
+    async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
+        login = await c.post("/admin/login", json={"token": TOKEN})
+        assert "secure" in login.headers["set-cookie"].lower()
+        for _ in range(10):
+            r = await c.get("/admin/api/sessions", headers={"Authorization": "Bearer guess"})
+            assert r.status_code == 401
+        r = await c.get("/admin/api/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 429
+        assert r.headers["Retry-After"] == "300"
         assert (await c.post("/admin/login", json={"token": TOKEN})).status_code == 429
 
 

@@ -15,6 +15,8 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from channels.web.adapter import QUEUE_SIZE, WebChat
+from core.models import SessionKey
 from gateway.app import build_app
 from gateway.settings import load_settings
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls, last_user_text
@@ -299,6 +301,57 @@ async def test_bad_requests_get_json_errors_never_500(
         assert (await client.get("/readyz")).status_code == 200
         metrics = await client.get("/metrics")
         assert "switchboard_active_sessions" in metrics.text
+
+
+async def test_the_page_and_its_posts_are_guarded_against_other_sites(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """Only the page's own script runs; a post from another origin, or sent as a form (which
+    any page can make a browser send with the person's cookie), is refused; behind an https
+    public URL the cookie is Secure and that URL counts as this origin."""
+    config = write_config(tmp_path, None)
+    config.write_text(
+        config.read_text().replace("[server]\n", '[server]\npublic_url = "https://chat.example"\n')
+    )
+    gw: Gateway = await start_gateway(config)
+    async with gw.client() as client:
+        page = await client.get("/")
+        assert "secure" in page.headers["set-cookie"].lower()
+        csp = page.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp
+        assert "script-src 'sha256-" in csp
+        assert page.headers["X-Content-Type-Options"] == "nosniff"
+        body = json.dumps({"text": "hi", "client_id": "c1"}).encode()
+        as_json = {"Content-Type": "application/json"}
+        for headers, status in [
+            ({**as_json, "Origin": "https://evil.example"}, 403),
+            ({**as_json, "Origin": "null"}, 403),
+            ({"Content-Type": "text/plain"}, 415),
+            ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+            ({**as_json, "Content-Encoding": "gzip"}, 400),  # not gzip: a 400, not a 500
+            ({**as_json, "Origin": "https://chat.example"}, 202),
+            ({**as_json, "Origin": gw.url}, 202),
+        ]:
+            r = await client.post("/chat/messages", content=body, headers=headers)
+            assert (r.status_code, "error" in r.json()) == (status, status != 202), headers
+        wrong = await client.get("/chat/messages")
+        assert (wrong.status_code, wrong.headers["Allow"]) == (405, "POST")
+
+
+async def test_a_stalled_page_has_its_stream_ended_so_it_reconnects() -> None:
+    """A tab that cannot keep up (its queue is full) must not stay open and silent: its
+    stream ends, and the page reconnects and reads the history again."""
+    chat = WebChat()
+    stalled, other = chat.subscribe("s1"), chat.subscribe("s2")
+    key = SessionKey("default", "web", "default", "s1")
+    for i in range(QUEUE_SIZE + 1):
+        await chat.run_delta(key, "r1", f"w{i} ")
+    assert (stalled.qsize(), stalled.get_nowait()) == (1, None)
+    await chat.run_delta(key, "r1", "later")
+    assert stalled.empty()  # no longer fed
+    assert other.empty()
+    chat.close()
+    assert other.get_nowait() is None
 
 
 async def test_reset_via_web_chat_clears_the_transcript(

@@ -92,7 +92,8 @@ def test_wrong_credentials_are_refused(base: str, path: str, auth: str | None, c
         return  # the login form is the one route open without credentials (below)
     with _client(base, headers) as c:
         r = c.post(path, json={}) if path in POSTS else c.get(path)
-    assert r.status_code == 401, (path, r.status_code, r.text[:200])
+    # refused; past ten wrong Bearer tokens from this address, as too many tries
+    assert r.status_code in (401, 429), (path, r.status_code, r.text[:200])
 
 
 @FUZZ

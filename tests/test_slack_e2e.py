@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pytest
 import pytest_asyncio
@@ -235,6 +235,9 @@ async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
         b"{not json",
         b"[1, 2]",
         b"payload=%7Bnot+json",
+        b"payload="
+        + quote(json.dumps({"type": "block_actions", "actions": [{"value": "x"}]})).encode(),
+        b"payload=" + quote(json.dumps({"type": "block_actions", "actions": "x"})).encode(),
         b'{"type": "url_verification", "challenge": 5}',
     ],
 )

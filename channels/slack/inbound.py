@@ -164,6 +164,8 @@ class Inbound:
         # payload= nested thousands deep, actions that are not a list) must be a 400, not a 500
         try:
             bolt_request = await to_bolt_request(request)
+            if reason := _malformed_actions(bolt_request.body):  # Bolt's matcher would fail
+                return web.json_response({"error": reason}, status=400)
             response = await self._bolt_app.async_dispatch(bolt_request)
         except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
             return web.json_response({"error": "malformed form body"}, status=400)
@@ -277,3 +279,16 @@ class Inbound:
 
 def _thread_key(msg: InboundMessage) -> str:
     return f"{msg.account}:{msg.conversation}:{msg.thread}"
+
+
+def _malformed_actions(body: Any) -> str | None:
+    """Why a block_actions payload cannot be read (Bolt matches listeners on each action's
+    action_id, and answers 500 when one has none), or None."""
+    if not isinstance(body, dict) or body.get("type") != "block_actions":
+        return None
+    actions = body.get("actions")
+    if not isinstance(actions, list) or not all(
+        isinstance(a, dict) and isinstance(a.get("action_id"), str) for a in actions
+    ):
+        return "actions: each must be an object with an action_id"
+    return None

@@ -11,7 +11,6 @@ previews stay with the replica that runs the turn; every reply reaches every ope
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -128,8 +127,7 @@ class WebChat:
         """End every open stream (at shutdown), so no connection holds the server open."""
         for subs in self._subscribers.values():
             for queue in subs:
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(None)
+                _end(queue)
 
     def unsubscribe(self, session_id: str, queue: asyncio.Queue[str | None]) -> None:
         subs = self._subscribers.get(session_id)
@@ -143,8 +141,9 @@ class WebChat:
         for queue in list(self._subscribers.get(session_id, ())):
             try:
                 queue.put_nowait(frame)
-            except asyncio.QueueFull:  # a stalled tab: it re-reads history when it reconnects
-                self.unsubscribe(session_id, queue)
+            except asyncio.QueueFull:  # a stalled tab: its stream ends, the page reconnects
+                self.unsubscribe(session_id, queue)  # and reads the history again
+                _end(queue)
 
     # Outlet and LiveOutlet
 
@@ -212,3 +211,11 @@ class WebChat:
 
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
         self._publish(key.conversation, "discard" if discarded else "done", {"run_id": run_id})
+
+
+def _end(queue: asyncio.Queue[str | None]) -> None:
+    """End a stream now: what it had not sent yet is dropped (the page reloads the history
+    when it reconnects), and None tells its writer to stop."""
+    while not queue.empty():
+        queue.get_nowait()
+    queue.put_nowait(None)

@@ -23,7 +23,7 @@ import logging
 from aiohttp import web
 
 from gateway.admin import api
-from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth
+from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
 from gateway.http import json_error, read_json
@@ -46,7 +46,8 @@ def add_routes(app: web.Application) -> None:
     token = app[SETTINGS].admin.token
     if token is None or not token.get_secret_value():
         return
-    state = AdminState(AdminAuth(token.get_secret_value()), Redactor(app[SETTINGS]), _page())
+    auth = AdminAuth(token.get_secret_value(), public_url=app[SETTINGS].server.public_url)
+    state = AdminState(auth, Redactor(app[SETTINGS]), _page())
     app[ADMIN] = state
     guard = state.auth.protect
     app.router.add_get("/admin", page)
@@ -86,8 +87,8 @@ async def login(request: web.Request) -> web.StreamResponse:
     """The token from the login form (or JSON {"token"}) for the session cookie."""
     state = request.app[ADMIN]
     client = request.remote or "unknown"
-    if state.throttle.blocked(client):
-        return json_error(429, "too many failed logins; try again in a few minutes")
+    if state.auth.throttle.blocked(client):
+        return too_many_failures()
     as_json = request.content_type == "application/json"
     if as_json:
         body = await read_json(request)
@@ -95,7 +96,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     else:
         token = (await request.post()).get("token")
     if not isinstance(token, str) or not state.auth.token_ok(token.strip()):
-        state.throttle.failed(client)
+        state.auth.throttle.failed(client)
         log.warning("admin login refused from %s", client)
         return json_error(401, "wrong admin token")
     response: web.StreamResponse

@@ -8,13 +8,12 @@ import hmac
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from gateway.http import json_error
+from gateway.http import json_error, same_origin
 
-__all__ = ["COOKIE", "AdminAuth", "LoginThrottle"]
+__all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
 COOKIE = "switchboard_admin"
 COOKIE_PATH = "/admin"
@@ -24,10 +23,24 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AdminAuth:
-    def __init__(self, token: str, *, ttl_s: float = COOKIE_TTL_S) -> None:
+    """With an https `public_url` the cookie is sent over HTTPS only (even when a proxy in
+    front speaks plain HTTP to the gateway), and that URL's host counts as this origin.
+    `throttle` counts wrong tokens, from the login form and as Bearer headers alike."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        ttl_s: float = COOKIE_TTL_S,
+        public_url: str | None = None,
+        throttle: LoginThrottle | None = None,
+    ) -> None:
         self._key = token.encode()
         self._digest = hashlib.sha256(self._key).digest()
         self.ttl_s = ttl_s
+        self.public_url = public_url
+        self.secure = (public_url or "").lower().startswith("https://")
+        self.throttle = throttle or LoginThrottle()
 
     def token_ok(self, candidate: str) -> bool:
         # digests first: equal lengths, so not even the token's length leaks
@@ -66,13 +79,19 @@ class AdminAuth:
         origin as JSON (defence in depth beside SameSite=Strict against cross-site posts)."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
+            bearer = "Authorization" in request.headers
+            client = request.remote or "unknown"
+            if bearer and self.throttle.blocked(client):
+                return too_many_failures()
             via = self.via(request)
             if via is None:
+                if bearer:  # a guess at the token, as on the login form
+                    self.throttle.failed(client)
                 response = json_error(401, "admin token required")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="switchboard-admin"'
                 return response
             if via == "cookie" and request.method not in ("GET", "HEAD"):
-                if not _same_origin(request):
+                if not same_origin(request, self.public_url):
                     return json_error(403, "cross-origin request refused")
                 if request.content_type != "application/json":
                     return json_error(415, "send JSON (Content-Type: application/json)")
@@ -88,15 +107,14 @@ class AdminAuth:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=self.secure or request.secure,
         )
 
 
-def _same_origin(request: web.Request) -> bool:
-    origin = request.headers.get("Origin")
-    if origin is None:  # not sent by every client on same-origin requests
-        return True
-    return urlsplit(origin).netloc.lower() == request.host.lower()
+def too_many_failures() -> web.Response:
+    response = json_error(429, "too many wrong admin tokens; try again in a few minutes")
+    response.headers["Retry-After"] = "300"
+    return response
 
 
 class LoginThrottle:

@@ -4,11 +4,8 @@ and the page."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -16,7 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from core.redact import Blanker
-from gateway.admin.auth import AdminAuth, LoginThrottle
+from gateway.admin.auth import AdminAuth
+from gateway.http import page_csp
 from gateway.settings import Settings, secret_values
 
 __all__ = ["ADMIN", "AdminState", "Changes", "Page", "Redactor"]
@@ -71,21 +69,7 @@ class Page:
     @classmethod
     def load(cls) -> Page:
         html = resources.files("gateway").joinpath("admin_static/admin.html").read_text("utf-8")
-        scripts = " ".join(_hashes(html, "script"))
-        styles = " ".join(_hashes(html, "style"))
-        csp = (
-            f"default-src 'none'; script-src {scripts}; style-src {styles}; img-src 'self' data:;"
-            " connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-        )
-        return cls(html, csp)
-
-
-def _hashes(html: str, tag: str) -> list[str]:
-    out = []
-    for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.DOTALL):
-        digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
-        out.append(f"'sha256-{digest}'")
-    return out or ["'none'"]
+        return cls(html, page_csp(html, framing="'none'"))
 
 
 @dataclass
@@ -94,7 +78,6 @@ class AdminState:
     redactor: Redactor
     page: Page
     changes: Changes = field(default_factory=Changes)
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
 
 
 ADMIN = web.AppKey("admin", AdminState)
