@@ -19,7 +19,14 @@ from channels.mend import mend_json
 from core.errors import StoreError
 from gateway.keys import METRICS
 
-__all__ = ["error_middleware", "json_error", "page_csp", "read_json", "same_origin"]
+__all__ = [
+    "client_address",
+    "error_middleware",
+    "json_error",
+    "page_csp",
+    "read_json",
+    "same_origin",
+]
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -112,3 +119,13 @@ def _hashes(html: str, tag: str) -> list[str]:
         digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
         out.append(f"'sha256-{digest}'")
     return out or ["'none'"]
+
+
+def client_address(request: web.Request, *, trust_forwarded: bool) -> str:
+    """Who is asking: the peer's address, or behind a trusted proxy the address it forwards
+    (the last X-Forwarded-For entry: the one that proxy appended)."""
+    if trust_forwarded:
+        hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
+        if hops[-1]:
+            return hops[-1]
+    return request.remote or "unknown"

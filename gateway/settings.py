@@ -69,6 +69,9 @@ class ServerSettings(_Section):
     public_url: str | None = None
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
+    # behind a reverse proxy: a client's address is the last X-Forwarded-For entry (the one
+    # the proxy added); without a proxy that header is the client's to forge
+    trust_forwarded: bool = False
 
     @field_validator("host")
     @classmethod
@@ -90,6 +93,9 @@ class StoreSettings(_Section):
 
 class WebChannelSettings(ChannelSection):
     enabled: bool = True
+    # messages one client address may post per minute (0: no limit); loopback clients are
+    # not limited, unless a trusted proxy forwards their real address
+    posts_per_minute: int = Field(default=30, ge=0, le=100_000)
 
 
 class AdminSettings(_Section):

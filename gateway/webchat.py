@@ -5,25 +5,67 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
+import math
+import time
+from collections import deque
 from importlib import resources
 
 from aiohttp import web
+from cachetools import LRUCache
 
 from channels.base import BadInput
 from channels.web import WebChat, new_session_id, valid_session_id
 from core.store import InboxStatus
-from gateway.http import json_error, page_csp, read_json, same_origin
+from gateway.http import client_address, json_error, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
-__all__ = ["add_routes"]
+__all__ = ["PostGate", "add_routes"]
 
 COOKIE = "switchboard_chat"
 _FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
+GATE_WINDOW_S = 60.0
+ADDRESSES_MAX = 100_000  # client addresses whose recent posts are counted
+
+
+class PostGate:
+    """At most `limit` posts a minute from one client address: one client cannot queue model
+    runs without end and keep every channel's people waiting. Loopback is not limited (the
+    machine itself, or a proxy on it whose clients' addresses are not forwarded)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._posts: LRUCache[str, deque[float]] = LRUCache(ADDRESSES_MAX)
+
+    def retry_after(self, address: str, now: float) -> float | None:
+        """None, counting the post, when the address may post now; else seconds to wait."""
+        if self.limit <= 0 or _loopback(address):
+            return None
+        posts = self._posts.get(address)
+        if posts is None:
+            posts = self._posts[address] = deque()
+        while posts and posts[0] <= now - GATE_WINDOW_S:
+            posts.popleft()
+        if len(posts) >= self.limit:
+            return posts[0] + GATE_WINDOW_S - now
+        posts.append(now)
+        return None
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+GATE = web.AppKey("webchat_gate", PostGate)
 
 
 def add_routes(app: web.Application) -> None:
+    app[GATE] = PostGate(app[SETTINGS].channels.web.posts_per_minute)
     app.router.add_get("/", page)
     app.router.add_post("/chat/messages", post_message)
     app.router.add_get("/chat/history", history)
@@ -91,6 +133,13 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         msg = chat.parse(session_id, body)
     except BadInput as exc:
         return json_error(400, str(exc))
+    trusted = request.app[SETTINGS].server.trust_forwarded
+    address = client_address(request, trust_forwarded=trusted)
+    wait = request.app[GATE].retry_after(address, time.monotonic())
+    if wait is not None:
+        response = json_error(429, "too many messages; please wait a moment and send it again")
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
     result = await request.app[RUNTIME].manager.submit(msg)
     response = web.json_response(
         {

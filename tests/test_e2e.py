@@ -19,6 +19,7 @@ from channels.web.adapter import QUEUE_SIZE, WebChat
 from core.models import SessionKey
 from gateway.app import build_app
 from gateway.settings import load_settings
+from gateway.webchat import PostGate
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls, last_user_text
 
 SSE_TIMEOUT = 15.0
@@ -336,6 +337,46 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
             assert (r.status_code, "error" in r.json()) == (status, status != 202), headers
         wrong = await client.get("/chat/messages")
         assert (wrong.status_code, wrong.headers["Allow"]) == (405, "POST")
+
+
+async def test_one_client_address_cannot_post_without_limit(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """Behind a trusted proxy, each forwarded address has its own allowance; new cookies do
+    not reset it; another address is not held back."""
+    config = write_config(tmp_path, None, "[channels.web]\nposts_per_minute = 2\n")
+    config.write_text(
+        config.read_text().replace("[server]\n", "[server]\ntrust_forwarded = true\n")
+    )
+    gw: Gateway = await start_gateway(config)
+
+    async def post_from(address: str, cid: str) -> httpx.Response:
+        async with gw.client() as fresh:  # a new cookie each time
+            return await fresh.post(
+                "/chat/messages",
+                json={"text": "hi", "client_id": cid},
+                headers={"X-Forwarded-For": f"198.51.100.9, {address}"},
+            )
+
+    codes = [(await post_from("203.0.113.7", f"c{i}")).status_code for i in range(3)]
+    assert codes == [202, 202, 429]
+    refused = await post_from("203.0.113.7", "c3")
+    assert refused.json()["error"].startswith("too many messages")
+    assert 0 < int(refused.headers["Retry-After"]) <= 60
+    assert (await post_from("203.0.113.8", "c4")).status_code == 202
+    async with browser(gw) as local:  # no proxy header: this machine itself, not limited
+        for i in range(3):
+            assert (await post(local, "hi", f"l{i}")).status_code == 202
+
+
+def test_the_post_gate_counts_a_minute_per_address() -> None:
+    gate = PostGate(3)
+    assert [gate.retry_after("192.0.2.1", 0.0) for _ in range(3)] == [None, None, None]
+    assert gate.retry_after("192.0.2.1", 10.0) == 50.0
+    assert gate.retry_after("192.0.2.2", 10.0) is None
+    assert gate.retry_after("192.0.2.1", 60.5) is None  # the first three have left the window
+    assert all(gate.retry_after("::1", 0.0) is None for _ in range(10))  # loopback
+    assert all(PostGate(0).retry_after("192.0.2.1", 0.0) is None for _ in range(10))
 
 
 async def test_a_stalled_page_has_its_stream_ended_so_it_reconnects() -> None:

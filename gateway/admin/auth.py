@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.http import json_error, same_origin
+from gateway.http import client_address, json_error, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
@@ -33,12 +33,14 @@ class AdminAuth:
         *,
         ttl_s: float = COOKIE_TTL_S,
         public_url: str | None = None,
+        trust_forwarded: bool = False,
         throttle: LoginThrottle | None = None,
     ) -> None:
         self._key = token.encode()
         self._digest = hashlib.sha256(self._key).digest()
         self.ttl_s = ttl_s
         self.public_url = public_url
+        self.trust_forwarded = trust_forwarded
         self.secure = (public_url or "").lower().startswith("https://")
         self.throttle = throttle or LoginThrottle()
 
@@ -80,7 +82,7 @@ class AdminAuth:
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             bearer = "Authorization" in request.headers
-            client = request.remote or "unknown"
+            client = client_address(request, trust_forwarded=self.trust_forwarded)
             if bearer and self.throttle.blocked(client):
                 return too_many_failures()
             via = self.via(request)
