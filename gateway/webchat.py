@@ -141,6 +141,8 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         response.headers["Retry-After"] = str(math.ceil(wait))
         return response
     result = await request.app[RUNTIME].manager.submit(msg)
+    if result.status not in (InboxStatus.DUPLICATE, InboxStatus.REFUSED):
+        chat.posted(msg, result.id)
     response = web.json_response(
         {
             "accepted": True,

@@ -67,9 +67,11 @@ class Screens:
         return path
 
 
-async def _page(chromium: Any) -> tuple[Any, list[str]]:
-    """A page that records script errors and console errors (a CSP violation is one)."""
-    page = await chromium.new_page(viewport={"width": 1280, "height": 800})
+async def _page(browser: Any) -> tuple[Any, list[str]]:
+    """A page (of the browser, or of one browser context) that records script errors and
+    console errors (a CSP violation is one)."""
+    page = await browser.new_page()
+    await page.set_viewport_size({"width": 1280, "height": 800})
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
     page.on("console", lambda m: _console_error(m, errors))
@@ -150,10 +152,14 @@ async def test_operator_takes_over_a_conversation(
 
 async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any) -> None:
     async with gateway(config(tmp_path, model_url=None, admin=False)) as gw:
-        page, errors = await _page(chromium)
+        browser = await chromium.new_context()  # two tabs of it: one session (one cookie)
+        page, errors = await _page(browser)
         screens = Screens(page, tmp_path / "screens")
         await page.goto(gw.url + "/")
         await page.locator("#status.on").wait_for()  # the event stream is open
+        other_tab, other_errors = await _page(browser)
+        await other_tab.goto(gw.url + "/")
+        await other_tab.locator("#status.on").wait_for()
         await page.evaluate(
             """() => {
                 window.__sizes = new Set();
@@ -171,7 +177,13 @@ async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any)
         assert await page.evaluate("window.__sizes.size") > 3  # it grew word by word
         assert "hours.md" in await answer.inner_text()
         await screens.shot("web-chat")
-        assert errors == []
+        for tab in (page, other_tab):  # the question once in each tab, then the answer
+            question = tab.locator(".row.user").filter(has_text="opening hours")
+            await question.wait_for()
+            assert await question.count() == 1
+            await tab.locator(".row.assistant:not(.pending)").filter(has_text="Monday").wait_for()
+        assert errors + other_errors == []
+        await browser.close()
 
 
 def _console_error(message: Any, errors: list[str]) -> None:

@@ -125,7 +125,12 @@ async def test_offline_answer_streams_over_sse(
         assert r.status_code == 202
         await asyncio.wait_for(task, SSE_TIMEOUT)
     kinds = [k for k, _ in events]
-    assert kinds[0] == "typing"
+    # every tab of the session hears of the message (the sender knows it by its client_id)
+    assert events[0] == (
+        "user",
+        {"id": r.json()["id"], "text": "what are your opening hours?", "client_id": "q1"},
+    )
+    assert kinds[1] == "typing"
     assert kinds.count("delta") > 3  # streamed word by word
     final = events[-1][1]
     assert "Monday" in final["text"]

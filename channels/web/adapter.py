@@ -145,6 +145,13 @@ class WebChat:
                 self.unsubscribe(session_id, queue)  # and reads the history again
                 _end(queue)
 
+    def posted(self, msg: InboundMessage, inbox_id: int) -> None:
+        """A message from one tab, shown in the session's other tabs too (the tab that sent
+        it knows it by its client_id)."""
+        client_id = msg.platform_id.partition(":")[2]
+        data = {"id": f"in-{inbox_id}", "text": msg.text, "client_id": client_id}
+        self._publish(msg.conversation, "user", data)
+
     # Outlet and LiveOutlet
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
