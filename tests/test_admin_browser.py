@@ -6,6 +6,7 @@ these tests fail (they are never skipped). Screenshots go to the test's tmp_path
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -184,6 +185,31 @@ async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any)
             await tab.locator(".row.assistant:not(.pending)").filter(has_text="Monday").wait_for()
         assert errors + other_errors == []
         await browser.close()
+
+
+async def test_web_chat_renders_hostile_markdown_as_text(tmp_path: Path, chromium: Any) -> None:
+    """What the model writes is rendered by the page's own small Markdown renderer: markup in
+    it stays text, links are http(s) only, and a code span never lands inside a URL."""
+    cases = [
+        "<img src=x onerror=alert(1)>",
+        "[x](javascript:alert(1))",
+        "<script>alert(1)</script>",
+        '[a](https://x.example/"onmouseover="alert(1))',
+        "[a](http://x`<b>y</b>`)",
+        "```html\n<svg onload=alert(1)>\n```",
+        "# <i>title</i>\n> <b>quote</b>\n- <u>item</u>",
+    ]
+    async with gateway(config(tmp_path, model_url=None, admin=False)) as gw:
+        page, errors = await _page(chromium)
+        await page.goto(gw.url + "/")
+        rendered = await page.evaluate("cases => cases.map(md)", cases)
+    for html in rendered:
+        tags = set(re.findall(r"</?([a-z0-9]+)", html))
+        assert tags <= {"a", "code", "pre", "h1", "blockquote", "ul", "li", "p", "br", "em"}, html
+        hrefs = re.findall(r'href="([^"]*)"', html)
+        assert all(h.startswith(("http://", "https://")) for h in hrefs), html
+        assert not re.search(r'href="[^"]*(<|&lt;)code', html), html
+    assert errors == []
 
 
 def _console_error(message: Any, errors: list[str]) -> None:
