@@ -20,6 +20,7 @@ from core.errors import StoreError
 from gateway.keys import METRICS
 
 __all__ = [
+    "came_over_https",
     "client_address",
     "error_middleware",
     "json_error",
@@ -129,3 +130,13 @@ def client_address(request: web.Request, *, trust_forwarded: bool) -> str:
         if hops[-1]:
             return hops[-1]
     return request.remote or "unknown"
+
+
+def came_over_https(request: web.Request, *, trust_forwarded: bool) -> bool:
+    """Whether the browser reached us over HTTPS: directly, or through a trusted proxy that
+    says so (X-Forwarded-Proto). A cookie marked Secure on a plain-HTTP request would never
+    come back, so this, not the configured public URL, decides."""
+    if request.secure:
+        return True
+    proto = request.headers.get("X-Forwarded-Proto", "")
+    return trust_forwarded and proto.split(",")[-1].strip().lower() == "https"

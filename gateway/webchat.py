@@ -17,7 +17,14 @@ from cachetools import LRUCache
 from channels.base import BadInput
 from channels.web import WebChat, new_session_id, valid_session_id
 from core.store import InboxStatus
-from gateway.http import client_address, json_error, page_csp, read_json, same_origin
+from gateway.http import (
+    came_over_https,
+    client_address,
+    json_error,
+    page_csp,
+    read_json,
+    same_origin,
+)
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
 __all__ = ["PostGate", "add_routes"]
@@ -82,14 +89,14 @@ def _session(request: web.Request) -> tuple[str, bool]:
 
 
 def _set_cookie(response: web.StreamResponse, session_id: str, request: web.Request) -> None:
-    public_url = request.app[SETTINGS].server.public_url or ""
+    trusted = request.app[SETTINGS].server.trust_forwarded
     response.set_cookie(
         COOKIE,
         session_id,
         max_age=60 * 60 * 24 * 365,
         httponly=True,
         samesite="Lax",
-        secure=request.secure or public_url.lower().startswith("https://"),
+        secure=came_over_https(request, trust_forwarded=trusted),
         path="/",
     )
 

@@ -290,11 +290,14 @@ async def test_too_many_wrong_logins_get_429(tmp_path: Path) -> None:
 async def test_wrong_bearer_tokens_are_throttled_and_https_cookies_are_secure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Bearer header is a guess at the token like the login form: it counts the same. With
-    an https public URL the cookie is Secure, even when the proxy speaks HTTP to us."""
-    monkeypatch.setenv("SWITCHBOARD__SERVER__PUBLIC_URL", "https://bot.example.com")
+    """A Bearer header is a guess at the token like the login form: it counts the same.
+    Behind a trusted proxy that says the browser came over HTTPS, the cookie is Secure."""
+    monkeypatch.setenv("SWITCHBOARD__SERVER__TRUST_FORWARDED", "true")
     async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
         login = await c.post("/admin/login", json={"token": TOKEN})
+        assert "secure" not in login.headers["set-cookie"].lower()  # plain HTTP: it must return
+        https = {"X-Forwarded-Proto": "https"}
+        login = await c.post("/admin/login", json={"token": TOKEN}, headers=https)
         assert "secure" in login.headers["set-cookie"].lower()
         for _ in range(10):
             r = await c.get("/admin/api/sessions", headers={"Authorization": "Bearer guess"})

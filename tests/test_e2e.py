@@ -313,16 +313,18 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
     tmp_path: Path, start_gateway: Callable[..., Any]
 ) -> None:
     """Only the page's own script runs; a post from another origin, or sent as a form (which
-    any page can make a browser send with the person's cookie), is refused; behind an https
-    public URL the cookie is Secure and that URL counts as this origin."""
+    any page can make a browser send with the person's cookie), is refused; the public URL
+    counts as this origin. The cookie is Secure when the browser came over HTTPS (here: as a
+    trusted proxy says), and only then, or it would never come back."""
     config = write_config(tmp_path, None)
-    config.write_text(
-        config.read_text().replace("[server]\n", '[server]\npublic_url = "https://chat.example"\n')
-    )
+    server = '[server]\npublic_url = "https://chat.example"\ntrust_forwarded = true\n'
+    config.write_text(config.read_text().replace("[server]\n", server))
     gw: Gateway = await start_gateway(config)
     async with gw.client() as client:
-        page = await client.get("/")
+        page = await client.get("/", headers={"X-Forwarded-Proto": "https"})
         assert "secure" in page.headers["set-cookie"].lower()
+        page = await client.get("/")
+        assert "secure" not in page.headers["set-cookie"].lower()
         csp = page.headers["Content-Security-Policy"]
         assert "default-src 'none'" in csp
         assert "script-src 'sha256-" in csp

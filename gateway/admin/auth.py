@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.http import client_address, json_error, same_origin
+from gateway.http import came_over_https, client_address, json_error, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
@@ -23,8 +23,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AdminAuth:
-    """With an https `public_url` the cookie is sent over HTTPS only (even when a proxy in
-    front speaks plain HTTP to the gateway), and that URL's host counts as this origin.
+    """`public_url`'s host counts as this origin; with `trust_forwarded` a proxy in front
+    tells the client's address and whether it came over HTTPS (then the cookie is Secure).
     `throttle` counts wrong tokens, from the login form and as Bearer headers alike."""
 
     def __init__(
@@ -41,7 +41,6 @@ class AdminAuth:
         self.ttl_s = ttl_s
         self.public_url = public_url
         self.trust_forwarded = trust_forwarded
-        self.secure = (public_url or "").lower().startswith("https://")
         self.throttle = throttle or LoginThrottle()
 
     def token_ok(self, candidate: str) -> bool:
@@ -109,7 +108,7 @@ class AdminAuth:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=self.secure or request.secure,
+            secure=came_over_https(request, trust_forwarded=self.trust_forwarded),
         )
 
 
