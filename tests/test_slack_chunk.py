@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from channels.slack.adapter import render
 from channels.slack.chunk import SECTION_LIMIT, sections
 from channels.slack.format import to_mrkdwn
+from core.models import Reply
 from tests.fake_slack import mrkdwn_problems
 
 _FENCE_LINE = re.compile(r" *```\S*")
@@ -75,6 +77,122 @@ def test_a_cut_code_block_reopens_with_its_own_fence(fence: str) -> None:
     assert [line for part in parts for line in _code_lines(part)] == code.split("\n")
 
 
+def test_a_list_item_opening_with_a_long_code_block_is_fenced_in_every_section() -> None:
+    """With the fence on the bullet line, a section opened a code block it never closed,
+    the next item landed inside code, and `*ptr *` in the code was paired as bold."""
+    code = [f"  line_{i} = *ptr * 2; // note" for i in range(150)]
+    parts = sections(to_mrkdwn("- ```\n" + "\n".join(code) + "\n  ```\n- next item"))
+    assert len(parts) > 1
+    for part in parts:
+        assert len(part) <= SECTION_LIMIT
+        assert mrkdwn_problems(part) == []
+        assert re.findall(r"^ *```$", part, re.MULTILINE) == ["  ```", "  ```"]
+        outside = [line for line in part.split("\n") if line not in _code_lines(part)]
+        assert not [line for line in outside if "line_" in line]
+    assert [line for part in parts for line in _code_lines(part)] == code
+    assert parts[-1].endswith("\n  ```\n• next item")
+
+
+def test_a_link_longer_than_a_section_becomes_its_label_and_site() -> None:
+    """A presigned URL of 3250 chars was cut inside `<url|label>` (raw markup in Slack)."""
+    url = "https://files.example.com/r.pdf?X-Amz-Signature=" + "a1b2" * 800
+    (message,) = render(Reply(text=f"Download: [the signed report]({url}) now."))
+    texts = [block["text"]["text"] for block in message.blocks]
+    assert texts == [
+        "Download: the signed report (link to files.example.com too long for Slack) now."
+    ]
+
+
+@pytest.mark.parametrize("lead", ["", "word " * 300, "x" * 1000, "> ", "*bold ", "_it ~st "])
+def test_a_link_that_does_not_fit_a_section_never_splits(lead: str) -> None:
+    """A link starts the next section when the rest of this one cannot hold it, and one
+    longer than a whole section (with its quote and styles) is shown unlinked."""
+    fits = "<https://a.example/" + "f" * 2900 + "|fits>"
+    too_long = "<https://b.example/" + "g" * 2990 + "|too long>"
+    text = f"{lead}{fits} {too_long} {fits}{'*' if '*' in lead else ''} end"
+    parts = sections(text)
+    for part in parts:
+        assert len(part) <= SECTION_LIMIT
+        assert mrkdwn_problems(part) == []
+        assert re.sub(r"<[^<>\n]*>", "", part).count("<") == 0
+    joined = "\n".join(parts)
+    assert joined.count(fits) == 2
+    assert "too long (link to b.example too long for Slack)" in joined
+
+
+_LINKS = st.builds(
+    lambda n, label: f"<https://l.example/{'u' * n}{'|' + label if label else ''}>",
+    st.integers(0, 3500),
+    st.sampled_from(["", "label", "two words", "&amp; x"]),
+)
+_LINE_PARTS = st.lists(
+    st.one_of(_LINKS, st.sampled_from(["w", "word", "*b", "b*", "_i", "i_", "x" * 900])),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["", "> "]), _LINE_PARTS), min_size=1, max_size=3))
+def test_links_are_never_cut(lines: list[tuple[str, list[str]]]) -> None:
+    text = "\n".join(quote + " ".join(parts) for quote, parts in lines)
+    links = set(re.findall(r"<[^<>\n]*>", text))
+    for part in sections(text):
+        assert len(part) <= SECTION_LIMIT
+        assert mrkdwn_problems(part) == []
+        assert set(re.findall(r"<[^<>\n]*>", part)) <= links
+        assert re.sub(r"<[^<>\n]*>", "", part).count("<") == 0
+
+
+# grapheme clusters a hard cut must keep whole; each fits in the smallest limit tested
+_CLUSTERS = [
+    "a",
+    "e\u0301",  # e and a combining acute accent
+    "\U0001f1fa\U0001f1f8",  # a flag: two regional indicators
+    "\U0001f1ec\U0001f1e7",
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: joined by ZWJ
+    "\U0001f44d\U0001f3fd",  # a thumb with a skin tone
+    "\u2764\ufe0f",  # a heart with a variation selector
+    "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",  # England
+    "\u0e01\u0e34",  # Thai: a consonant and a vowel sign (Mn, combining class 0)
+    "\u0e01\u0e33",  # Thai SARA AM (Lo, a spacing mark)
+    "\u0915\u093f",  # Devanagari: a consonant and a vowel sign (Mc)
+    "\u0915\u094d\u0937\u093f",  # a conjunct: consonant, virama, consonant, vowel sign
+    "\u1100\u1161\u11a8",  # Hangul as conjoining jamo
+    "1\ufe0f\u20e3",  # a keycap (Me)
+    "\U0001f600",
+]
+
+
+def _cuts(parts: list[str]) -> list[int]:
+    ends, at = [], 0
+    for part in parts[:-1]:
+        at += len(part)
+        ends.append(at)
+    return ends
+
+
+@pytest.mark.parametrize("cluster", _CLUSTERS[1:-1])
+def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
+    text = "x" + cluster * (7000 // len(cluster))
+    parts = sections(text)
+    assert len(parts) > 1
+    assert "".join(parts) == text
+    assert all(len(part) <= SECTION_LIMIT for part in parts)
+    assert all(part.startswith(cluster) for part in parts[1:])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_CLUSTERS), min_size=1, max_size=60), st.integers(8, 40))
+def test_hard_cuts_fall_between_grapheme_clusters(clusters: list[str], limit: int) -> None:
+    text = "".join(clusters)
+    bounds = {sum(len(c) for c in clusters[:n]) for n in range(len(clusters) + 1)}
+    parts = sections(text, limit)
+    assert "".join(parts) == text
+    assert all(len(part) <= limit for part in parts)
+    assert set(_cuts(parts)) <= bounds
+
+
 def _code_lines(part: str) -> list[str]:
     lines, inside = [], False
     for line in part.split("\n"):
@@ -132,6 +250,13 @@ BLOCKS = st.one_of(
     ),
     st.lists(_paragraph("l"), min_size=1, max_size=3).map(
         lambda items: "\n".join(f"- {item.replace(chr(10), ' ')}" for item in items)
+    ),
+    st.builds(  # a list item that opens with its code block
+        lambda lines, tail: (
+            "- ```\n" + "".join(f"  {line}\n" for line in lines) + f"  ```\n- {tail}"
+        ),
+        _CODE,
+        _paragraph("l"),
     ),
 )
 LONG = st.lists(BLOCKS, min_size=1, max_size=4).map("\n\n".join)

@@ -10,13 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
-from channels.slack.chunk import BUTTON_TEXT, SECTION_LIMIT, messages, sections
+from channels.slack.chunk import BUTTON_TEXT, SECTION_LIMIT, _marks, messages, sections
 from channels.slack.format import to_mrkdwn
 from tests.fake_slack import mrkdwn_problems
 
 _MD = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
 _LINK = re.compile(r"<([^<>|]*)\|([^<>]*)>")
 _BARE = re.compile(r"<([^<>|]*)>")
+# what the renderer shows instead of a marker Slack would read: asterisk operator, modifier
+# letter low macron, tilde operator, modifier letter grave accent
+_LOOKALIKES = {"\u2217": "*", "\u02cd": "_", "\u223c": "~", "\u02cb": "`"}
 
 
 @pytest.mark.parametrize(
@@ -46,6 +49,88 @@ _BARE = re.compile(r"<([^<>|]*)>")
 )
 def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
     assert to_mrkdwn(markdown) == mrkdwn
+
+
+def test_a_list_item_opening_with_a_code_block_has_its_fence_on_a_line_of_its_own() -> None:
+    """The fence went on the bullet line (`• ```), where neither Slack nor the chunker
+    opens a code block."""
+    markdown = "- ```\n  x = *ptr * 2\n  ```\n- next item\n\n1. ```\n   y\n   ```"
+    assert to_mrkdwn(markdown) == (
+        "•\n  ```\n  x = *ptr * 2\n  ```\n• next item\n\n1.\n   ```\n   y\n   ```"
+    )
+
+
+def test_inline_code_holding_a_backtick_stays_one_code_span() -> None:
+    """`a`b` ended the span after `a` in Slack; the backtick now shows as a look-alike."""
+    out = to_mrkdwn("Run `` a`b `` now, or ``` `` ```.")
+    assert out == "Run `a\u02cbb` now, or `\u02cb\u02cb`."
+    assert _marks([out]) == [[(4, "`", True), (8, "`", False), (18, "`", True), (21, "`", False)]]
+
+
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn"),
+    [
+        (r"\*not bold\* and \_not italic\_", "\u2217not bold\u2217 and \u02cdnot italic\u02cd"),
+        (
+            r"\~~not struck\~~ and \`not code\`",
+            "\u223c\u223cnot struck\u223c\u223c and \u02cbnot code\u02cb",
+        ),
+        (r"**bold \* star**", "*bold * star*"),
+        (r"**a\*.**", "*a\u2217.*"),
+        ("snake_case_name, 2 * 3 and a ~ b", "snake_case_name, 2 * 3 and a ~ b"),
+        ("the **API**s, foo*bar*baz and ~~pre~~fix", "the APIs, foobarbaz and prefix"),
+        ("**a***b*", "*a*_b_"),
+        ("~~a ~~b~~ c~~", "~a b c~"),
+        ("| **h** | x |\n|---|---|\n| 1 | 2 |", "*h | x*\n1 | 2"),
+        (
+            "see https://example.com/~ann/_x or www.x.org/*y",
+            "see https://example.com/~ann/_x or www.x.org/*y",
+        ),
+    ],
+)
+def test_escaped_or_intraword_markers_never_show_as_live_or_stray_formatting(
+    markdown: str, mrkdwn: str
+) -> None:
+    """Escaped markers became Slack formatting, and `*API*s` showed its asterisks."""
+    assert to_mrkdwn(markdown) == mrkdwn
+
+
+def _as_slack_shows(mrkdwn: str) -> str:
+    """The text Slack shows, by the chunker's own pairing model: paired markers hidden,
+    look-alikes read as what they stand for, entities decoded."""
+    lines = mrkdwn.split("\n")
+    shown = []
+    for line, marks in zip(lines, _marks(lines), strict=True):
+        hidden = {i for i, _, _ in marks}
+        shown.append("".join(ch for i, ch in enumerate(line) if i not in hidden))
+    text = "\n".join(shown)
+    for lookalike, ch in _LOOKALIKES.items():
+        text = text.replace(lookalike, ch)
+    return html.unescape(text)
+
+
+_INLINE = st.lists(
+    st.sampled_from(
+        [
+            *["word", "API", "s", "2", " ", " ", ".", ",", "(", ")", "&", "a_b", "é"],
+            *["*", "**", "***", "_", "__", "~", "~~", "`", "``", "`c*d_e`"],
+            *[r"\*", r"\_", r"\~", r"\`", r"\**"],
+        ]
+    ),
+    max_size=30,
+).map(lambda tokens: "w " + "".join(tokens))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_INLINE)
+def test_slack_shows_the_text_markdown_shows_with_no_stray_or_extra_marker(
+    markdown: str,
+) -> None:
+    """Every marker we write pairs up where Slack reads it, and no character of the
+    author's (escaped or not) does: what is left is the visible text of the Markdown."""
+    out = to_mrkdwn(markdown)
+    assert mrkdwn_problems(out) == []
+    assert _as_slack_shows(out).strip() == _visible_markdown(markdown).strip()
 
 
 def _visible_markdown(markdown: str) -> str:

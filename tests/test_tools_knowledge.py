@@ -183,7 +183,7 @@ def test_wrap_user_text_nested_tags_do_not_reform() -> None:
     [
         ("<think>plan the answer</think>We open at 8.", "We open at 8."),
         ("<THINKING>\nplan\n</THINKING>\nWe open at 8.", "We open at 8."),
-        ("<reasoning>a</reasoning>One<analysis>b</analysis> two", "One two"),
+        ("<reasoning>a</reasoning>\n<analysis>b</analysis> One two", "One two"),
         ("<think>never closed, all reasoning", ""),
         ("plan with no open tag</think>We open at 8.", "We open at 8."),
         ("thought\n<channel|>We open at 8.", "We open at 8."),
@@ -203,6 +203,7 @@ def test_strip_reasoning(raw: str, clean: str) -> None:
         "I thought about it: we open at 8.",
         "Prices: 3 < 5 and 7 > 2.",
         "Use <b>bold</b> text.",
+        "One<analysis>b</analysis> two",  # a tag not at the start is text about tags
     ],
 )
 def test_strip_reasoning_leaves_ordinary_text(text: str) -> None:
@@ -447,14 +448,16 @@ async def test_offline_model_tool_choice_none() -> None:
 def test_stream_filter_drops_think_blocks_split_across_chunks(size: int) -> None:
     from core.agent.sanitize import StreamFilter
 
-    text = "Hi <think>secret plan</think>there, a < b and <b>bold</b>.<THINKING>x</THINKING>!"
+    text = "<think>secret plan</think>Hi there, a < b and <b>bold</b>.<THINKING>x</THINKING>!"
     f = StreamFilter()
     out = "".join(f.feed(text[i : i + size]) for i in range(0, len(text), size)) + f.flush()
-    assert out == "Hi there, a < b and <b>bold</b>.!"
+    assert out == "Hi there, a < b and <b>bold</b>.<THINKING>x</THINKING>!"
 
 
 def test_stream_filter_unclosed_block_shows_nothing_more() -> None:
     from core.agent.sanitize import StreamFilter
 
     f = StreamFilter()
-    assert f.feed("Answer <think>never closed") + f.flush() == "Answer "
+    assert f.feed("<think>never closed") + f.flush() == ""
+    # an opening tag later in the answer is text, closed or not
+    assert f.feed("Answer <think>never closed") + f.flush() == "Answer <think>never closed"

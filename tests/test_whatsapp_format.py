@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from channels.whatsapp.adapter import OUTPUT_RULES
-from channels.whatsapp.format import _MD, _plain_units, _Walker, chunk, plain, wlen
+from channels.whatsapp.format import _MD, ZWSP, _plain_units, _Walker, chunk, plain, wlen
 from channels.whatsapp.outbound import (
     match_menu,
     menu_from_json,
@@ -251,3 +252,156 @@ def test_linked_attachments_are_media_messages() -> None:
     assert kinds == ["text", "image", "document"]
     assert result.payloads[2]["document"] == {"link": "https://ex.com/r.pdf", "filename": "r.pdf"}
     assert result.skipped == ["local.png"]
+
+
+# -- fidelity: what the reply says reaches the person as it was meant ---------------------------
+
+
+def test_no_chunk_is_blank() -> None:
+    """A bold run that filled a chunk, then a space and a long word, once made a chunk of two
+    spaces; Graph rejects a blank body and the rest of the reply was never sent."""
+    md = "- **" + "a" * 4092 + "** **" + "b" * 5000 + "**\n\nLast paragraph."
+    chunks = chunk(md)
+    assert all(c.strip() for c in chunks)
+    assert "".join(chunks).count("b") == 5000
+    assert chunks[-1].endswith("Last paragraph.")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(["", "- ", "> ", "1. "]),
+    st.sampled_from(["**", "_", ""]),
+    st.integers(1, 2),
+    st.integers(-2, 2),
+    st.integers(1, 4),
+    st.integers(1, 200),
+)
+def test_a_cut_at_a_space_never_makes_a_blank_chunk(
+    lead: str, mark: str, rows: int, off: int, spaces: int, tail: int
+) -> None:
+    room = 80 - len(lead) - (2 if mark else 0)  # what one row of the first word can hold
+    fill = rows * room + off  # the word ends at, or just around, the end of a chunk
+    md = f"{lead}{mark}{'a' * fill}{mark}{' ' * spaces}{mark}{'b' * tail}{mark}\n\nend"
+    chunks = chunk(md, limit=80)
+    assert all(c.strip() and wlen(c) <= 80 for c in chunks)
+    text = "".join(chunks)
+    assert (text.count("a"), text.count("b"), text.count("end")) == (fill, tail, 1)
+
+
+def _monospace(chunks: list[str]) -> list[str]:
+    """The code each chunk shows in monospace, without the zero-width spaces that break it."""
+    return [m.replace(ZWSP, "") for c in chunks for m in re.findall(r"```(.*?)```", c, re.S)]
+
+
+@pytest.mark.parametrize(
+    ("md", "code"),
+    [
+        ("````markdown\n```python\nprint('hi')\n```\n````", ["```python\nprint('hi')\n```"]),
+        ("Type `` ``` `` to open a block", ["```"]),
+        ("Run `` a`b `` or `` `x` `` now", ["a`b", "`x`"]),
+        ("> ```\n> echo ``hi``\n> ```", ["echo ``hi``"]),
+    ],
+)
+def test_backticks_in_code_cannot_end_the_monospace(md: str, code: list[str]) -> None:
+    """Report item 4: six or nine backticks in a row opened and closed the monospace at once."""
+    chunks = chunk(md)
+    assert _monospace(chunks) == code
+    # every run of backticks left is one of our fences: none longer, none touching another
+    assert all(len(run) == 3 for c in chunks for run in re.findall("`{2,}", c))
+
+
+def test_a_long_code_block_with_backticks_is_cut_into_closed_blocks() -> None:
+    code = "\n".join(f"``x{i}`` = `{i}`" + "y" * 50 for i in range(300))
+    chunks = chunk(f"```\n{code}\n```")
+    assert len(chunks) > 2
+    assert all(len(run) == 3 for c in chunks for run in re.findall("`{2,}", c))
+    assert "\n".join(_monospace(chunks)) == code
+
+
+@pytest.mark.parametrize(
+    ("md", "shown"),
+    [
+        (r"\*not bold\* and \_not italic\_", "*not bold* and _not italic_"),
+        (r"\~\~gone\~\~ and \`\`\`raw\`\`\`", "~~gone~~ and ```raw```"),
+    ],
+)
+def test_escaped_markers_stay_literal(md: str, shown: str) -> None:
+    """Report item 6: the person escaped them, WhatsApp made them bold and italic."""
+    (text,) = chunk(md)
+    assert text.replace(ZWSP, "") == shown
+    # each marker has a zero-width space on both sides, so none opens or closes a style
+    assert not re.search(rf"(?<!{ZWSP})[*_~`]|[*_~`](?!{ZWSP})", text)
+
+
+def test_markers_inside_words_and_links_are_left_alone() -> None:
+    md = "snake_case, 2 * 3 and https://ex.com/_a_?q=*"
+    assert chunk(md) == [md]
+
+
+@pytest.mark.parametrize(
+    ("md", "shown"),
+    [
+        ("the **API**s are ready", "the APIs are ready"),
+        ("un*break*able and re~~do~~ne", "unbreakable and redone"),
+        ("**API**: ready, (_see_)", "*API*: ready, (_see_)"),
+    ],
+)
+def test_a_style_inside_a_word_is_dropped_not_shown_as_markers(md: str, shown: str) -> None:
+    """WhatsApp reads a marker as a style only at a word's edge."""
+    assert chunk(md) == [shown]
+
+
+def test_a_long_quote_stays_quoted_in_every_chunk() -> None:
+    """Report item 7: later chunks began with two spaces instead of "> "."""
+    chunks = chunk("> " + " ".join(["quoted"] * 1200))
+    assert len(chunks) == 3
+    assert all(line.startswith("> quoted") for c in chunks for line in c.split("\n"))
+
+
+@pytest.mark.parametrize(
+    ("md", "shown"),
+    [
+        (
+            "> Example:\n> ```\n> line one\n> line two\n> ```",
+            "> Example:\n\n> ```line one```\n> ```line two```",
+        ),
+        (
+            "- item\n\n  ```\n  a = 1\n  b = 2\n  ```",
+            "- item\n\n  ```a = 1```\n  ```b = 2```",
+        ),
+        ("> - ```\n>   x\n>\n>   y\n>   ```", "> - ```x```\n>\n>   ```y```"),
+    ],
+)
+def test_code_in_a_quote_or_list_keeps_the_prefix_on_every_line(md: str, shown: str) -> None:
+    assert chunk(md) == [shown]
+
+
+def test_a_long_quoted_code_block_is_quoted_in_every_chunk() -> None:
+    code = "\n".join(f"> line {i} " + "x" * 60 for i in range(200))
+    chunks = chunk(f"> ```\n{code}\n> ```")
+    assert len(chunks) > 2
+    for c in chunks:
+        assert wlen(c) <= 4096
+        assert all(re.fullmatch(r"> ```line \d+ x{60}```", line) for line in c.split("\n"))
+
+
+_FLAG, _FAMILY, _THAI, _ACCENT = "🇺🇸", "👨\u200d👩\u200d👧", "กิ", "e\u0301"
+
+
+@pytest.mark.parametrize(("cluster", "count"), [(_FLAG, 2100), (_FAMILY, 900), (_THAI, 3000)])
+def test_hard_cuts_keep_grapheme_clusters_whole(cluster: str, count: int) -> None:
+    """Report item 8: a run longer than a chunk was cut inside a flag, a family emoji or a
+    letter with its mark."""
+    chunks = chunk("x" + cluster * count)
+    assert len(chunks) > 1
+    assert all(wlen(c) <= 4096 for c in chunks)
+    assert chunks[0].startswith("x")
+    assert chunks[0][1:].replace(cluster, "") == ""
+    assert all(c.replace(cluster, "") == "" for c in chunks[1:])
+
+
+def test_hard_cuts_keep_accents_on_their_letters_in_code_too() -> None:
+    chunks = chunk("```\nx" + _ACCENT * 3000 + "\n```", limit=1000)
+    assert len(chunks) > 5
+    assert "".join(_monospace(chunks)) == "x" + _ACCENT * 3000
+    assert not any(c.startswith("```\u0301") for c in chunks)

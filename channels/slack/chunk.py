@@ -4,7 +4,9 @@ A cut inside a paragraph closes what is open there and reopens it in the next se
 Telegram and WhatsApp chunkers do: the code block (same fence, same indent in a list item),
 the `*`/`_`/`~` styles and inline code, and a quote's `>` on the continued line. Styles are
 read off the mrkdwn the way Slack pairs them (an opener before text, not after a letter; a
-closer after text), so a lone `*` in the text stays text.
+closer after text), so a lone `*` in the text stays text. A code fence is read only where it
+starts a line, as `format.to_mrkdwn` writes it. A cut never falls inside a link (Slack would
+show the markup) nor, when it has to fall inside a word, inside a grapheme cluster.
 
 Limits (reference/channels.md §3.3): section text ≤ 3000, ≤ 50 blocks a message, an actions
 block ≤ 25 elements, button text ≤ 75 and value ≤ 2000. Slack has refused block sets well
@@ -17,6 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
+
+from channels.text import cluster_cut
 
 __all__ = [
     "BUTTON_TEXT",
@@ -37,6 +42,7 @@ _FENCE = "```"
 _FENCE_LINE = re.compile(r" *```[\w+#.-]*")  # an opening fence, indented in a list item
 _QUOTE = re.compile(r"(?:>(?: |$))*")
 _TOKEN = re.compile(r"`[^`\n]+`|<[^<>\n]*>|[*_~]")  # inline code, a link, a style marker
+_LINK = re.compile(r"<([^<>|\n]*)(?:\|([^<>\n]*))?>")  # its address, and its label if any
 _ENTITY = re.compile(r"&[a-z]{0,4}$")
 
 _Mark = tuple[int, str, bool]  # where in the line, the marker, whether it opens
@@ -214,9 +220,44 @@ def _code_rows(code: _Code, limit: int) -> list[_Row]:
 def _text_rows(lines: list[str], limit: int) -> list[_Row]:
     rows: list[_Row] = []
     stack: list[str] = []
-    for line, marks in zip(lines, _marks(lines), strict=True):
-        rows.extend(_line_rows(line, marks, stack, limit))
+    lines, marks = _fit_links(lines, limit)
+    for line, line_marks in zip(lines, marks, strict=True):
+        rows.extend(_line_rows(line, line_marks, stack, limit))
     return rows
+
+
+def _fit_links(lines: list[str], limit: int) -> tuple[list[str], list[list[_Mark]]]:
+    """The lines, with their style markers, once every link is short enough to start a row
+    of its own, so that no cut falls inside one. A longer link could never be sent whole (a
+    section holds `limit`), so it is shown as its label and its site, and the styles are
+    read again."""
+    while True:
+        marks = _marks(lines)
+        fitted: list[str] = []
+        opened = 0
+        for line, line_marks in zip(lines, marks, strict=True):
+            fitted.append(_fit_line(line, _room(line, line_marks, opened, limit)))
+            opened += sum(1 if opens else -1 for *_, opens in line_marks)
+        if fitted == lines:
+            return lines, marks
+        lines = fitted
+
+
+def _fit_line(line: str, room: int) -> str:
+    return _LINK.sub(lambda link: _unlinked(link) if len(link[0]) > room else link[0], line)
+
+
+def _unlinked(link: re.Match[str]) -> str:
+    """A link too long for a section as plain text: its label (already escaped, its
+    markers defused by `format`) and the site it points to, never a cut address."""
+    try:
+        site = urlsplit(link[1]).hostname or ""
+    except ValueError:  # an address urlsplit cannot read, such as a bad IPv6 host
+        site = ""
+    site = "".join(ch for ch in site if ch.isalnum() or ch in ".-")
+    note = f"link to {site} too long for Slack" if site else "link too long for Slack"
+    label = (link[2] or "").strip()
+    return f"{label} ({note})" if label else f"({note})"
 
 
 def _marks(lines: list[str]) -> list[list[_Mark]]:
@@ -255,11 +296,7 @@ def _line_rows(line: str, marks: list[_Mark], stack: list[str], limit: int) -> l
     the styles open at its start and is left holding those open at its end."""
     quote = _quote(line)
     lead = len(line) - len(line[len(quote) :].lstrip(" "))
-    depth = level = len(stack)
-    for _, _, opens in marks:
-        level += 1 if opens else -1
-        depth = max(depth, level)
-    room = max(limit - len(quote) - 2 * depth, 1)
+    room = _room(line, marks, len(stack), limit)
     rows: list[_Row] = []
     start, k = len(quote), 0
     while True:
@@ -285,6 +322,16 @@ def _line_rows(line: str, marks: list[_Mark], stack: list[str], limit: int) -> l
             return rows
 
 
+def _room(line: str, marks: list[_Mark], opened: int, limit: int) -> int:
+    """The most a row of `line` may hold: the limit less its quote marks and the markers
+    of the styles (`opened` of them open at its start) that a cut closes and reopens."""
+    depth = level = opened
+    for _, _, opens in marks:
+        level += 1 if opens else -1
+        depth = max(depth, level)
+    return max(limit - len(_quote(line)) - 2 * depth, 1)
+
+
 def _quote(line: str) -> str:
     """The quote marks a line starts with ("> ", "> > ", or ">" alone)."""
     match = _QUOTE.match(line)
@@ -305,7 +352,8 @@ def _cut(line: str, limit: int) -> list[str]:
 def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = None) -> int:
     """Where to cut `line[start:]` to keep at most `room` chars: at a space outside links in
     the second half, else before a link that starts mid-line, else never inside an
-    `&amp;`-style entity; never just after a style opens or just before one closes."""
+    `&amp;`-style entity nor a grapheme cluster; never just after a style opens or just
+    before one closes. A link at `start` fits in `room` (`_fit_links` sees to it)."""
     end = start + room
     for at in range(end, start + room // 2, -1):
         if line[at] == " " and line.rfind("<", start, at) <= line.rfind(">", start, at):
@@ -317,6 +365,8 @@ def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = Non
         at = opened  # keep a link whole when it starts mid-line
     elif entity and entity.start() > start:
         at = entity.start()
+    else:
+        at = cluster_cut(line, start, end)
     opening = {i for i, _, opens in marks or () if opens}
     closing = {i for i, _, opens in marks or () if not opens}
     while at - 1 > start and at - 1 in opening:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import bisect
 import re
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
+
+from channels.text import cluster_cut
 
 __all__ = ["MAX_UNITS", "Rich", "Tag", "utf16_len"]
 
@@ -175,7 +176,7 @@ def _best_cut(text: str, pos: int, hard: int) -> int:
             at = finder(window)
             if at > 0:
                 return lo + at
-    return _grapheme_safe(text, pos, hard)
+    return cluster_cut(text, pos, hard)
 
 
 def _last_paragraph(window: str) -> int:
@@ -194,23 +195,6 @@ def _last_sentence(window: str) -> int:
 def _last_space(window: str) -> int:
     found = [m.start() for m in _WS.finditer(window)]
     return found[-1] if found else -1
-
-
-def _grapheme_safe(text: str, pos: int, hard: int) -> int:
-    """Step back off joiners, variation selectors and combining marks, when that is possible."""
-    cut = hard
-    while cut > pos + 1 and (_joins(text[cut]) or text[cut - 1] == "\u200d"):
-        cut -= 1
-    return cut
-
-
-def _joins(ch: str) -> bool:
-    return (
-        ch == "\u200d"
-        or "\ufe00" <= ch <= "\ufe0f"
-        or "\U0001f3fb" <= ch <= "\U0001f3ff"
-        or unicodedata.combining(ch) != 0
-    )
 
 
 def _has_text(text: str, line: int) -> bool:

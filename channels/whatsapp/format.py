@@ -5,6 +5,10 @@ headings (bold lines) or labelled links ("text (url)"). A style must hug its tex
 span lines, so each line is rendered on its own, closing and reopening styles around whitespace.
 Lengths are counted in UTF-16 code units, never fewer than characters, so a chunk is within the
 limit however the platform counts.
+
+What is text must stay text: a marker character the reply shows literally (an escaped `\\*`, a
+backtick in code) is kept from pairing with zero-width spaces, and a style WhatsApp cannot show
+inside a word (`**API**s`) is dropped rather than shown as stray markers.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from dataclasses import dataclass, field
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+
+from channels.text import clusters
 
 __all__ = [
     "MAX_TEXT",
@@ -29,6 +35,7 @@ __all__ = [
 
 MAX_TEXT = 4096
 BOLD, ITALIC, STRIKE, MONO = "*", "_", "~", "```"
+ZWSP = "\u200b"
 _MARK = {"strong": BOLD, "em": ITALIC, "s": STRIKE}
 _WORD = re.compile(r"\S+\s*|\s+")
 _MD = MarkdownIt("commonmark").enable(["strikethrough", "table"])
@@ -37,6 +44,9 @@ _MD = MarkdownIt("commonmark").enable(["strikethrough", "table"])
 # character an inline rule reads (styles, code, links, HTML, entities, escapes, tables)
 _INLINE = r"\\`*_\[\]<>&~|#\x00"
 _PLAIN_LINE = re.compile(rf"[^\W\d_](?:[^{_INLINE}\t\r\n]*[^{_INLINE}\s])?")
+_TICK_RUN = re.compile(r"`{2,}")
+_MARKER_CHARS = frozenset("*_~`")
+_NON_SPACE = re.compile(r"\S+")
 
 
 def wlen(text: str) -> int:
@@ -52,19 +62,29 @@ class Span:
 
 @dataclass(slots=True)
 class Unit:
-    """One line of text (`spans`) or one code block (`code`), `gap` newlines after the previous."""
+    """One line of text (`spans`) or one code block (`code`), `gap` newlines after the previous.
+    `prefix` (quote markers, a list bullet) begins it; `later` begins each further line it
+    takes, so a long quote stays quoted ("> ") and a list item indented."""
 
     gap: int
     prefix: str = ""
     spans: list[Span] = field(default_factory=list)
     code: str | None = None
+    later: str = ""
 
 
 def render_spans(spans: list[Span]) -> str:
-    """Spans as one line, each style opened and closed next to non-space text."""
+    """Spans (as `_shown` makes them) as one line, each style opened and closed next to
+    non-space text."""
     out: list[str] = []
     stack: list[str] = []
     pending = ""
+
+    def close(marks: list[str]) -> None:
+        if MONO in marks:  # the innermost: the text before it is the code's end
+            out[-1] = _pad_end(out[-1])
+        out.extend(reversed(marks))
+
     for span in spans:
         core = span.text.strip()
         if not core:
@@ -75,21 +95,131 @@ def render_spans(spans: list[Span]) -> str:
         keep = 0
         while keep < min(len(stack), len(marks)) and stack[keep] == marks[keep]:
             keep += 1
-        out.extend(reversed(stack[keep:]))
+        close(stack[keep:])
         del stack[keep:]
         out.append(pending + lead)
         out.extend(marks[keep:])
         stack.extend(marks[keep:])
-        out.append(core)
+        out.append(_pad_start(core) if MONO in marks[keep:] else core)
         pending = span.text[len(span.text.rstrip()) :]
-    out.extend(reversed(stack))
+    close(stack)
     return "".join(out)
 
 
+def _shown(spans: list[Span]) -> list[Span]:
+    """Spans as WhatsApp must get them: a style that would open or close inside a word
+    dropped (it would show as markers), code's backtick runs broken, and marker characters
+    in text made inert."""
+    kept = [tuple(m for m in s.marks if not _inside_word(spans, i, m)) for i, s in enumerate(spans)]
+    line = "".join(s.text for s in spans)
+    links = [] if _MARKER_CHARS.isdisjoint(line) else _links(line)
+    out: list[Span] = []
+    start = 0
+    for i, span in enumerate(spans):
+        end = start + len(span.text)
+        if MONO in kept[i]:
+            text = _break_ticks(span.text)
+        else:
+            # a neighbour in a span styled otherwise is across a marker: a word edge
+            before = line[start - 1 : start] if i and kept[i - 1] == kept[i] else ""
+            after = line[end : end + 1] if i + 1 < len(spans) and kept[i + 1] == kept[i] else ""
+            inside = [(a - start, b - start) for a, b in links if a < end and b > start]
+            text = _inert(span.text, before, after, inside)
+        out.append(Span(text, kept[i]))
+        start = end
+    return out
+
+
+def _inside_word(spans: list[Span], i: int, mark: str) -> bool:
+    """Whether the run of spans styled `mark` around spans[i] touches a letter or digit
+    outside it, where WhatsApp would not read the marker as a style."""
+    first = last = i
+    while first > 0 and mark in spans[first - 1].marks:
+        first -= 1
+    while last + 1 < len(spans) and mark in spans[last + 1].marks:
+        last += 1
+    text = "".join(s.text for s in spans[first : last + 1])
+    before = spans[first - 1].text[-1:] if first else ""
+    after = spans[last + 1].text[:1] if last + 1 < len(spans) else ""
+    return (before.isalnum() and not text[:1].isspace()) or (
+        after.isalnum() and not text[-1:].isspace()
+    )
+
+
+def _links(line: str) -> list[tuple[int, int]]:
+    """Where the words of a line that are links (a URL, an address) begin and end."""
+    return [
+        m.span()
+        for m in _NON_SPACE.finditer(line)
+        if "://" in m[0] or "@" in m[0] or m[0].lower().startswith("www.")
+    ]
+
+
+def _inert(text: str, before: str, after: str, links: list[tuple[int, int]]) -> str:
+    """Text whose `*`, `_`, `~` and backticks cannot open or close a style: each one at a word
+    edge gets a zero-width space on both sides. Left as they are: one inside a word or
+    between spaces (it pairs with nothing) and links (a zero-width space would break them).
+    `before` and `after` are the characters around text ("" for an edge)."""
+    if _MARKER_CHARS.isdisjoint(text):
+        return text
+    out = []
+    for i, ch in enumerate(text):
+        if ch in _MARKER_CHARS and not any(a <= i < b for a, b in links):
+            prev = text[i - 1] if i else before
+            next_ = text[i + 1] if i + 1 < len(text) else after
+            if not (prev.isalnum() and next_.isalnum()) and (prev.strip() or next_.strip()):
+                ch = f"{ZWSP}{ch}{ZWSP}"
+        out.append(ch)
+    return "".join(out)
+
+
+def _break_ticks(code: str) -> str:
+    """Code with a zero-width space inside every run of backticks, so none closes ```."""
+    return _TICK_RUN.sub(lambda m: ZWSP.join(m[0]), code) if "``" in code else code
+
+
+def _pad_start(code: str) -> str:
+    return ZWSP + code if code.startswith("`") else code
+
+
+def _pad_end(code: str) -> str:
+    return code + ZWSP if code.endswith("`") else code
+
+
+def _mono(code: str) -> str:
+    """Code (its backticks already broken) in ```monospace```: a backtick at either end is
+    kept from lengthening the fence."""
+    return f"{MONO}{_pad_end(_pad_start(code))}{MONO}"
+
+
 def render(unit: Unit) -> str:
-    if unit.code is not None:
-        return f"{unit.prefix}{MONO}{unit.code}{MONO}"
-    return unit.prefix + render_spans(unit.spans)
+    if unit.code is None:
+        return unit.prefix + render_spans(_shown(unit.spans))
+    if not unit.prefix:
+        return _mono(_break_ticks(unit.code))
+    return "\n".join(_code_rows(unit, None))
+
+
+def _code_rows(unit: Unit, limit: int | None) -> list[str]:
+    """Code after a quote or list prefix: each line its own monospace after the prefix, since
+    a quote marker works only at the start of a line; a row longer than `limit` is cut."""
+    rows: list[str] = []
+    prefix = unit.prefix
+    budget = None
+    if limit is not None:
+        budget = max(limit - max(wlen(unit.prefix), wlen(unit.later)) - 2 * wlen(MONO) - 2, 1)
+    for line in (unit.code or "").split("\n"):
+        code = _break_ticks(line)
+        if not code.strip():
+            if rows:  # a blank line first would leave its bullet alone on a line
+                rows.append(unit.later.rstrip())
+            continue
+        rows.extend(
+            (prefix if i == 0 else unit.later) + _mono(piece)
+            for i, piece in enumerate([code] if budget is None else _cut(code, budget))
+        )
+        prefix = unit.later
+    return rows
 
 
 class _Walker:
@@ -107,6 +237,10 @@ class _Walker:
             frame[0] = frame[1]
         return "".join(out)
 
+    def later(self) -> str:
+        """The prefix of a unit's further lines (quote markers stay, a bullet is indented)."""
+        return "".join(frame[1] for frame in self.stack)
+
     def emit(self, unit: Unit) -> None:
         self.units.append(unit)
         self.list_start = False
@@ -114,7 +248,7 @@ class _Walker:
     def add_lines(self, lines: list[list[Span]], gap: int) -> None:
         for spans in lines:
             if any(s.text.strip() for s in spans):
-                self.emit(Unit(gap, self.prefix(), spans))
+                self.emit(Unit(gap, self.prefix(), spans, later=self.later()))
                 gap = 1
 
     def walk(self, tokens: list[Token]) -> list[Unit]:
@@ -145,9 +279,9 @@ class _Walker:
             elif t.type in ("fence", "code_block"):
                 body = t.content.rstrip("\n")
                 if body.strip():
-                    self.emit(Unit(gap, self.prefix(), code=body))
+                    self.emit(Unit(gap, self.prefix(), code=body, later=self.later()))
             elif t.type == "hr":
-                self.emit(Unit(gap, self.prefix(), [Span("———")]))
+                self.emit(Unit(gap, self.prefix(), [Span("———")], later=self.later()))
             elif t.type == "html_block":
                 self.add_lines([[Span(line)] for line in t.content.rstrip("\n").split("\n")], gap)
             elif t.type == "tr_open":
@@ -169,7 +303,7 @@ class _Walker:
                     cells.extend(line)
             i += 1
         if any(c.text.strip() for c in cells):
-            self.emit(Unit(gap, self.prefix(), cells))
+            self.emit(Unit(gap, self.prefix(), cells, later=self.later()))
         return i
 
 
@@ -245,19 +379,47 @@ def plain(markdown: str) -> str:
 
 
 def _cut(text: str, size: int) -> list[str]:
-    """Hard cuts of at most `size` code units, never inside a surrogate pair."""
+    """Hard cuts of at most `size` code units, between grapheme clusters (a flag, an accented
+    letter or a family emoji stays whole) unless one cluster alone is longer."""
+    if wlen(text) <= size:
+        return [text]
     out: list[str] = []
     cur: list[str] = []
     n = 0
-    for ch in text:
-        w = wlen(ch)
+    for cluster in _clusters(text):
+        w = wlen(cluster)
+        if w > size:
+            out.extend(_cut_chars(cluster, size))
+            continue
         if n + w > size and cur:
             out.append("".join(cur))
             cur, n = [], 0
-        cur.append(ch)
+        cur.append(cluster)
         n += w
     if cur:
         out.append("".join(cur))
+    return out
+
+
+def _cut_chars(text: str, size: int) -> list[str]:
+    """Cuts between code points (never inside a surrogate pair)."""
+    out: list[str] = [""]
+    for ch in text:
+        if wlen(out[-1] + ch) > size and out[-1]:
+            out.append("")
+        out[-1] += ch
+    return out
+
+
+def _clusters(text: str) -> list[str]:
+    """Grapheme clusters (`channels.text`), with each zero-width space this module adds kept
+    with the character before it, so no cut parts a marker from what defuses it."""
+    out: list[str] = []
+    for cluster in clusters(text):
+        if cluster == ZWSP and out:
+            out[-1] += cluster
+        else:
+            out.append(cluster)
     return out
 
 
@@ -269,28 +431,31 @@ def truncate(text: str, limit: int) -> str:
 
 
 def _split_line(unit: Unit, limit: int) -> list[str]:
-    budget = limit - wlen(unit.prefix)
+    budget = limit - max(wlen(unit.prefix), wlen(unit.later))
     groups: list[list[Span]] = [[]]
     used = 0
-    for span in unit.spans:
-        overhead = 2 * sum(wlen(m) for m in span.marks)
+    for span in _shown(unit.spans):
+        overhead = 2 * sum(wlen(m) for m in span.marks) + (2 if MONO in span.marks else 0)
         for word in _WORD.findall(span.text):
             for piece in _cut(word, max(budget - overhead, 1)):
                 cost = wlen(piece) + overhead
                 if used + cost > budget and groups[-1]:
+                    if not piece.strip():  # the cut stands for the space
+                        continue
                     groups.append([])
                     used = 0
                 groups[-1].append(Span(piece, span.marks))
                 used += cost
-    indent = " " * len(unit.prefix)
-    return [(unit.prefix if i == 0 else indent) + render_spans(g) for i, g in enumerate(groups)]
+    return [(unit.prefix if i == 0 else unit.later) + render_spans(g) for i, g in enumerate(groups)]
 
 
 def _split_code(unit: Unit, limit: int) -> list[str]:
-    budget = limit - wlen(unit.prefix) - 2 * wlen(MONO)
+    if unit.prefix:
+        return _code_rows(unit, limit)
+    budget = limit - 2 * wlen(MONO) - 2
     blocks: list[list[str]] = [[]]
     used = 0
-    for line in (unit.code or "").split("\n"):
+    for line in _break_ticks(unit.code or "").split("\n"):
         for piece in _cut(line, budget) or [""]:
             cost = wlen(piece) + (1 if blocks[-1] else 0)
             if used + cost > budget and blocks[-1]:
@@ -298,11 +463,12 @@ def _split_code(unit: Unit, limit: int) -> list[str]:
                 used, cost = 0, wlen(piece)
             blocks[-1].append(piece)
             used += cost
-    return [render(Unit(1, unit.prefix, code="\n".join(b))) for b in blocks]
+    return [_mono("\n".join(b)) for b in blocks if "".join(b).strip()]
 
 
 def pack(units: list[Unit], limit: int = MAX_TEXT) -> list[str]:
-    """Rendered units packed in order into as few chunks of at most `limit` as fit."""
+    """Rendered units packed in order into as few chunks of at most `limit` as fit; a line of
+    only whitespace never begins a chunk (a message must show something)."""
     chunks: list[str] = []
     cur, cur_len = "", 0
     for unit in units:
@@ -315,7 +481,7 @@ def pack(units: list[Unit], limit: int = MAX_TEXT) -> list[str]:
             size = wlen(piece)
             if cur and cur_len + len(sep) + size <= limit:
                 cur, cur_len = cur + sep + piece, cur_len + len(sep) + size
-            else:
+            elif piece.strip():
                 if cur:
                     chunks.append(cur)
                 cur, cur_len = piece, size

@@ -12,19 +12,6 @@ from markdown_it.token import Token
 __all__ = ["StreamFilter", "shows_nothing", "strip_reasoning", "wrap_user_text"]
 
 _USER_TAG = re.compile(r"<\s*/?\s*user_message\b[^>]*>", re.IGNORECASE)
-_THINK_BLOCK = re.compile(
-    r"<(think|thinking|reasoning|analysis)>.*?(</\1>|\Z)", re.IGNORECASE | re.DOTALL
-)
-# harmony / gemma-style channel markers, e.g. "<|channel|>analysis<|message|>...<|end|>"
-_CHANNEL_BLOCK = re.compile(
-    r"<\|channel\|>\s*(analysis|commentary)\s*<\|message\|>.*?(<\|end\|>|(?=<\|start\|>)|\Z)",
-    re.DOTALL,
-)
-# the header of the final channel: "<|start|>assistant<|channel|>final<|message|>"
-_CHANNEL_HEADER = re.compile(r"(<\|start\|>[a-z_]*)?(<\|channel\|>[a-z_]*)?<\|message\|>")
-_SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>|<channel\|>|<\|channel>")
-_THOUGHT_PREFIX = re.compile(r"\A\s*(thought|thinking)\s*\n(?=\s*<)", re.IGNORECASE)
-
 
 _ENTITY = re.compile(r"&#?[0-9A-Za-z]+;")
 _HTML = re.compile(r"<!--.*?-->|<[^>\n]*>", re.DOTALL)
@@ -68,58 +55,312 @@ def wrap_user_text(text: str) -> str:
 
 
 def strip_reasoning(text: str) -> str:
-    """Remove reasoning-channel leftovers some models leak into the visible answer."""
-    out = _THINK_BLOCK.sub("", text)
-    out = _CHANNEL_BLOCK.sub("", out)
-    out = _CHANNEL_HEADER.sub("", out)
-    out = _THOUGHT_PREFIX.sub("", out)
-    out = _SPECIAL_TOKEN.sub("", out)
-    # a dangling close tag means everything before it was reasoning
-    m = re.search(r"</(think|thinking|reasoning)>", out, re.IGNORECASE)
-    if m:
-        out = out[m.end() :]
-    return out.strip()
-
-
-_OPEN_THINK = re.compile(r"<(think|thinking|reasoning|analysis)>", re.IGNORECASE)
-_HOLD = 12  # longest partial opening tag worth holding back
+    """Remove reasoning-channel leftovers some models leak into the visible answer: reasoning
+    blocks and channel headers at its start, reasoning before a dangling close tag, and special
+    tokens. Code spans and fenced blocks are never touched: an answer may quote any tag there."""
+    scan = _Scanner()
+    return scan.push(text, final=True)
 
 
 class StreamFilter:
-    """Drops <think>…</think>-style blocks from streamed text, even when a tag is split across
-    chunks, so live previews never show reasoning the final reply will not contain."""
+    """The same cleaning as `strip_reasoning`, on streamed text, so live previews never show
+    what the final reply will not contain. A possible tag, fence or code span is held back until
+    it can be decided. The one exception: text already shown before a dangling close tag
+    cannot be taken back (the final reply drops it)."""
+
+    def __init__(self) -> None:
+        self._scan = _Scanner()
+
+    def feed(self, chunk: str) -> str:
+        return self._scan.push(chunk, final=False)
+
+    def flush(self) -> str:
+        """What is held back at the end of a stream (nothing, if a reasoning block never
+        closed); the next stream is a new answer."""
+        rest = self._scan.push("", final=True)
+        self._scan = _Scanner()
+        return rest
+
+
+_TAG_NAMES = ("think", "thinking", "reasoning", "analysis")
+_OPEN_TAG = re.compile(rf"<({'|'.join(_TAG_NAMES)})>", re.IGNORECASE)
+_DANGLING = re.compile(r"</(?:think|thinking|reasoning)>", re.IGNORECASE)
+_TAG_TEXTS = tuple(f"<{n}>" for n in _TAG_NAMES) + tuple(f"</{n}>" for n in _TAG_NAMES)
+_LONGEST_TAG = max(len(t) for t in _TAG_TEXTS)
+# harmony / gemma-style special tokens and channel headers, e.g. "<|im_end|>",
+# "<|start|>assistant<|channel|>final<|message|>", and a reasoning channel
+# "<|channel|>analysis<|message|>…<|end|>" (it also ends where the next message starts)
+_TOKEN = re.compile(r"<\|[a-z_]{1,32}\|>|<channel\|>|<\|channel>")
+_HEADER = re.compile(r"(?:<\|start\|>[a-z_]{0,32})?(?:<\|channel\|>[a-z_]{0,32})?<\|message\|>")
+_CHANNEL_OPEN = re.compile(
+    r"(?:<\|start\|>[a-z_]{0,32})?<\|channel\|>\s{0,8}(?:analysis|commentary)\s{0,8}<\|message\|>"
+)
+_CHANNEL_ENDS = ("<|end|>", "<|start|>")
+_THOUGHT_PREFIX = re.compile(r"(?:thought|thinking)\s*\n(?=\s*<)", re.IGNORECASE)
+# a start of the tokens and headers above that more text could complete (too wide only delays)
+_TOKEN_START = re.compile(
+    r"(?:<\|[a-z_]{1,32}\|>[a-z_]{0,32}\s{0,8}[a-z_]{0,32}\s{0,8}){0,2}<?\|?[a-z_]{0,32}\|?"
+)
+
+# a fence may follow quote markers and list bullets; the rest of a backtick fence's line has
+# no backtick. _FENCE_START is any line start that more text could still make a fence.
+_CONTAINERS = r"[ \t]*(?:>[ \t]?)*[ \t]*(?:(?:[-*+]|\d{1,9}[.)])[ \t]+)*"
+_FENCE_OPEN = re.compile(rf"{_CONTAINERS}(`{{3,}}|~{{3,}})(.*)")
+_FENCE_START = re.compile(rf"{_CONTAINERS}(?:[-*+]|\d{{1,9}}[.)]?)?[`~]{{0,2}}")
+_FENCE_CLOSE = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(`{3,}|~{3,})[ \t\r]*")
+_CLOSE_START = re.compile(r"[ \t]*(?:>[ \t]?)*[ \t]*(?:`+|~+)?[ \t\r]*")
+_SPECIAL = re.compile(r"[`<\\\n]")
+_TICKS = re.compile(r"`+")
+_SPACE = re.compile(r"\s+")
+_WORD_AND_SPACE = re.compile(r"([^\W\d_]+)\s*")
+_TICKS_OR_NEWLINE = re.compile(r"`+|\n")
+# lines that interrupt a paragraph (and so end a code span)
+_BLOCK_START = re.compile(
+    r" {0,3}(?:>|#{1,6}(?:\s|$)|[-*+][ \t]+\S|1[.)][ \t]+\S|(?:[-*_][ \t]*){3,}$|=+[ \t]*$)"
+)
+_BLOCK_START_SO_FAR = re.compile(r"\s*| {0,3}(?:#{1,6}|[-*+_=][-*_= \t]*|1(?:[.)][ \t]*)?)")
+
+
+def _opening_fence(line: str, complete: bool) -> str | None:
+    """The start of a line that opens a fence, up to the fence ("" if it opens none), or None
+    while an unfinished line may still open one."""
+    m = _FENCE_OPEN.match(line)
+    if m is None:
+        return None if not complete and _FENCE_START.fullmatch(line) else ""
+    if not complete:
+        return None
+    fence, rest = m.groups()
+    return "" if fence[0] == "`" and "`" in rest else line[: m.end(1)]
+
+
+def _closes(line: str, opening: str) -> bool:
+    """Whether a line closes the fence opened by `opening`: a fence of the same character, as
+    long or longer, indented at most three columns more (a deeper one is code)."""
+    fence = opening[len(opening.rstrip(opening[-1])) :]
+    m = _FENCE_CLOSE.fullmatch(line)
+    return (
+        m is not None
+        and m[1][0] == fence[0]
+        and len(m[1]) >= len(fence)
+        and m.start(1) <= len(opening) - len(fence) + 3
+    )
+
+
+def _may_grow_tag(text: str, at: int) -> bool:
+    """Whether the rest of text, from a "<", may still become a tag or token as more arrives."""
+    if len(text) - at < _LONGEST_TAG:
+        low = text[at:].lower()
+        if any(len(low) < len(tag) and tag.startswith(low) for tag in _TAG_TEXTS):
+            return True
+    m = _TOKEN_START.match(text, at)
+    return m is not None and m.end() == len(text)
+
+
+def _may_grow_head(text: str, at: int) -> bool:
+    """Whether the rest of text, at the start of an answer, may still become something the
+    head drops (a tag, a token or the "thought" line before one)."""
+    m = _WORD_AND_SPACE.match(text, at)
+    if m is not None and m.end() == len(text):
+        low = m[1].lower()
+        return "thought".startswith(low) or "thinking".startswith(low)
+    return text.startswith("<", at) and _may_grow_tag(text, at)
+
+
+def _ends_paragraph(line: str, complete: bool) -> bool | None:
+    """Whether a line ends the paragraph before it (a blank line, a fence, a quote, list item
+    or heading), or None while an unfinished line may still do so."""
+    fence = _opening_fence(line, complete)
+    if fence is None or (not complete and _BLOCK_START_SO_FAR.fullmatch(line)):
+        return None
+    return bool(fence) or not line.strip() or bool(_BLOCK_START.match(line))
+
+
+def _code_span_end(text: str, at: int, ticks: int, final: bool) -> tuple[int | None, int]:
+    """Where the code span opened by `ticks` backticks before `at` ends: -1 when they open
+    none (no run as long comes before the paragraph ends), None while undecided, together
+    with where to look again once more text has come."""
+    while True:
+        m = _TICKS_OR_NEWLINE.search(text, at)
+        if m is None:
+            return (-1 if final else None), len(text)
+        if m[0] == "\n":
+            eol = text.find("\n", m.end())
+            line = text[m.end() : eol if eol >= 0 else len(text)]
+            ends = _ends_paragraph(line, eol >= 0 or final)
+            if ends is None:
+                return None, m.start()
+            if ends:
+                return -1, 0
+        elif m.end() == len(text) and not final:  # the run may grow
+            return None, m.start()
+        elif len(m[0]) == ticks:
+            return m.end(), 0
+        at = m.end()
+
+
+class _Scanner:
+    """Reads an answer as it arrives and passes on its visible text.
+
+    It knows just enough Markdown to leave code alone: fences (also inside quotes and list
+    items) and code spans, which CommonMark ends with the paragraph. It holds back trailing
+    whitespace, so the text it passes on is stripped like the final answer."""
 
     def __init__(self) -> None:
         self._buf = ""
-        self._inside: str | None = None
+        self._at = 0
+        self._out: list[str] = []
+        self._space = ""  # trailing whitespace, passed on once more text follows
+        self._head = True  # at the start of the answer: whitespace, tokens and blocks so far
+        self._ends: tuple[str, ...] | None = None  # inside a reasoning block: what ends it
+        self._fence: str | None = None
+        self._line_start = True
+        self._span_seen = 0  # how far past a code span's opening the text has been read
+        # no dangling close tag counts once code, an opening tag or a block has been seen
+        self._settled = False
 
-    def feed(self, chunk: str) -> str:
-        self._buf += chunk
-        out: list[str] = []
-        while True:
-            if self._inside is not None:
-                close = f"</{self._inside}>"
-                end = self._buf.lower().find(close)
-                if end < 0:
-                    self._buf = self._buf[-(len(close) - 1) :]
-                    return "".join(out)
-                self._buf, self._inside = self._buf[end + len(close) :], None
-                continue
-            m = _OPEN_THINK.search(self._buf)
-            if m is not None:
-                out.append(self._buf[: m.start()])
-                self._buf, self._inside = self._buf[m.end() :], m.group(1).lower()
-                continue
-            lt = self._buf.rfind("<")
-            if lt >= 0 and len(self._buf) - lt < _HOLD and ">" not in self._buf[lt:]:
-                out.append(self._buf[:lt])
-                self._buf = self._buf[lt:]
-            else:
-                out.append(self._buf)
-                self._buf = ""
-            return "".join(out)
+    def push(self, text: str, *, final: bool) -> str:
+        """Reads `text` and returns the visible text decided so far; `final` ends the answer."""
+        self._buf = self._buf[self._at :] + text
+        self._at = 0
+        while self._at < len(self._buf) and self._step(final):
+            pass
+        out, self._out = "".join(self._out), []
+        return out
 
-    def flush(self) -> str:
-        """What is held back at the end of a stream (nothing, if a block never closed)."""
-        rest, self._buf = ("" if self._inside else self._buf), ""
-        return rest
+    def _step(self, final: bool) -> bool:
+        if self._fence is not None:
+            return self._code_line(final)
+        if self._head and self._ends is None:
+            return self._head_item(final)
+        if self._line_start:
+            return self._line(final)
+        return self._text(final)
+
+    def _emit(self, text: str) -> None:
+        if self._ends is not None:  # reasoning
+            return
+        text = self._space + text
+        shown = text.rstrip()
+        self._space = text[len(shown) :]
+        if shown:
+            self._out.append(shown)
+
+    def _take(self, size: int) -> None:
+        self._emit(self._buf[self._at : self._at + size])
+        self._skip(size)
+
+    def _skip(self, size: int) -> None:
+        self._at += size
+
+    def _head_item(self, final: bool) -> bool:
+        buf, at = self._buf, self._at
+        if m := _SPACE.match(buf, at):
+            self._skip(m.end() - at)
+        elif not final and _may_grow_head(buf, at):
+            return False
+        elif m := _OPEN_TAG.match(buf, at):
+            self._ends = (f"</{m[1].lower()}>",)
+            self._skip(m.end() - at)
+        elif m := _CHANNEL_OPEN.match(buf, at):
+            self._ends = _CHANNEL_ENDS
+            self._skip(m.end() - at)
+        elif m := _HEADER.match(buf, at) or _TOKEN.match(buf, at) or _THOUGHT_PREFIX.match(buf, at):
+            self._skip(m.end() - at)
+        else:
+            self._head = False
+        self._line_start = True
+        return True
+
+    def _line(self, final: bool) -> bool:
+        eol = self._buf.find("\n", self._at)
+        line = self._buf[self._at : eol if eol >= 0 else len(self._buf)]
+        fence = _opening_fence(line, eol >= 0 or final)
+        if fence is None:
+            return False
+        self._line_start = False
+        if fence:
+            self._fence, self._settled = fence, True
+            self._take(len(line) + (eol >= 0))
+            self._line_start = True
+        return True
+
+    def _code_line(self, final: bool) -> bool:
+        """Code passes as it is; only a closing fence at a line start ends it."""
+        eol = self._buf.find("\n", self._at)
+        line = self._buf[self._at : eol if eol >= 0 else len(self._buf)]
+        if self._line_start and eol < 0 and not final and _CLOSE_START.fullmatch(line):
+            return False
+        if self._line_start and _closes(line, self._fence or ""):
+            self._fence = None
+        self._take(len(line) + (eol >= 0))
+        self._line_start = eol >= 0
+        return True
+
+    def _text(self, final: bool) -> bool:
+        m = _SPECIAL.search(self._buf, self._at)
+        if m is None or m.start() > self._at:
+            self._take((m.start() if m else len(self._buf)) - self._at)
+            return True
+        char = m[0]
+        if char == "\n":
+            self._take(1)
+            self._line_start = True
+            return True
+        if char == "\\":  # an escaped character opens nothing
+            if self._at + 1 == len(self._buf) and not final:
+                return False
+            self._take(1 if self._buf[self._at + 1 : self._at + 2] in ("", "\n") else 2)
+            return True
+        if char == "`":
+            return self._code_span(final)
+        return self._angle(final)
+
+    def _code_span(self, final: bool) -> bool:
+        m = _TICKS.match(self._buf, self._at)
+        if m is None or (m.end() == len(self._buf) and not final):
+            return False
+        start = max(m.end(), self._at + self._span_seen)
+        end, again = _code_span_end(self._buf, start, len(m[0]), final)
+        if end is None:
+            self._span_seen = again - self._at
+            return False
+        self._span_seen = 0
+        if end < 0:  # literal backticks
+            self._take(len(m[0]))
+        else:
+            self._settled = True
+            self._take(end - self._at)
+        return True
+
+    def _angle(self, final: bool) -> bool:
+        buf, at = self._buf, self._at
+        if self._ends is not None:
+            return self._in_reasoning(final)
+        if not final and _may_grow_tag(buf, at):
+            return False
+        if not self._settled and (m := _DANGLING.match(buf, at)):
+            # the reasoning began before the answer did: what came before was reasoning
+            self._out, self._space = [], ""
+            self._head = self._settled = True
+            self._skip(m.end() - at)
+        elif m := _OPEN_TAG.match(buf, at):  # not at the start: text about tags, kept as it is
+            self._settled = True
+            self._take(m.end() - at)
+        elif m := _HEADER.match(buf, at) or _TOKEN.match(buf, at):
+            self._skip(m.end() - at)
+        else:
+            self._take(1)
+        return True
+
+    def _in_reasoning(self, final: bool) -> bool:
+        low = self._buf[self._at : self._at + 16].lower()
+        for end in self._ends or ():
+            if low.startswith(end):
+                # the next message's "<|start|>" header is read by the head
+                self._skip(0 if end == "<|start|>" else len(end))
+                self._ends, self._head, self._settled = None, True, True
+                return True
+            if not final and len(low) < len(end) and end.startswith(low):
+                return False
+        self._skip(1)
+        return True
