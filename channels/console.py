@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import TextIO
 
+from channels.mend import mend_strings
 from core.models import InboundMessage, MessageKind, OutboundPart, Sender, SessionKey
 
 __all__ = ["Console"]
@@ -25,7 +26,9 @@ class Console:
         self.delivered = 0
 
     def parse(self, line: str) -> InboundMessage | None:
-        text = line.strip()
+        # bytes that are not UTF-8 reach us as lone surrogates (surrogateescape): U+FFFD,
+        # as on every HTTP route, since no store can keep them
+        text = mend_strings(line).strip()
         if not text:
             return None
         kind, command = MessageKind.MESSAGE, None

@@ -371,6 +371,9 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
         p.append(("store.url", 'must start with "sqlite:///" or "postgresql://"'))
     elif s.store.url.startswith("sqlite:") and not s.store.url.startswith("sqlite:///"):
         p.append(("store.url", 'a SQLite URL looks like "sqlite:///data/switchboard.db"'))
+    elif s.store.url.startswith("sqlite:") and s.sqlite_path() in (":memory:", "/"):
+        # an in-memory database would lose every message at the next start
+        p.append(("store.url", 'names no file; e.g. "sqlite:///data/switchboard.db"'))
     elif s.store.url.startswith("postgres") and not _has_asyncpg():
         p.append(("store.url", "PostgreSQL needs the postgres extra: pip install '.[postgres]'"))
     elif s.store.url.startswith("postgres") and (problem := _postgres_url_problem(s.store.url)):

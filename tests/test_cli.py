@@ -395,6 +395,21 @@ def test_chat_reset_command(tmp_path: Path) -> None:
     assert_no_traceback(proc)
 
 
+def test_chat_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
+        cwd=ROOT,
+        env=clean_env(LANG="C.UTF-8"),
+        input=b"caf\xe9 opening hours?\n",
+        capture_output=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert b"Monday" in proc.stdout
+    assert b"Traceback" not in proc.stderr
+
+
 def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(BAD_TOML, encoding="utf-8")

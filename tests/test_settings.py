@@ -533,6 +533,8 @@ def test_store_url_sqlite_accepted(tmp_path: Path, url: str, path: str) -> None:
         "mysql://root@localhost/db",
         "data/switchboard.db",
         "sqlite://data/switchboard.db",
+        "sqlite:///",  # no file: an in-memory database, every message lost at restart
+        "sqlite:////",
         # these passed check, then crashed run with the driver's traceback
         "postgresql://postgres@127.0.0.1:99999/test",
         "postgresql://postgres@127.0.0.1:abc/test",

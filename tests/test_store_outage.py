@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -441,6 +442,38 @@ async def test_sqlite_is_not_ready_while_its_disk_refuses_writes(tmp_path: Path)
         assert await store.kv_get("ns", "k") == "v"
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_sqlite_file_deleted_or_replaced_while_open_is_saved_and_not_written(
+    tmp_path: Path, how: str
+) -> None:
+    """Writes went on into the deleted file, were acknowledged, and were gone at the next
+    start. Now nothing more is acknowledged, /readyz fails, and what was stored is copied
+    back to the path (or beside the file that replaced it)."""
+    path = tmp_path / "sb.db"
+    store = SqliteStore(str(path))
+    await store.start()
+    try:
+        await store.kv_set("ns", "kept", "yes")
+        for name in ("sb.db", "sb.db-wal", "sb.db-shm"):
+            (tmp_path / name).unlink(missing_ok=True)
+        if how == "replaced":
+            sqlite3.connect(path).close()  # an empty database where ours was
+        with pytest.raises(StoreError, match="deleted or replaced"):
+            await store.kv_set("ns", "lost", "no")
+        with pytest.raises(StoreError, match="restart the gateway"):
+            await store.ping()
+    finally:
+        await store.aclose()
+    saved = path if how == "deleted" else tmp_path / "sb.db.recovered"
+    again = SqliteStore(str(saved))
+    await again.start()
+    try:
+        assert await again.kv_get("ns", "kept") == "yes"
+        assert await again.kv_get("ns", "lost") is None
+    finally:
+        await again.aclose()
 
 
 async def test_a_postgresql_url_the_driver_cannot_read_is_a_store_error() -> None:

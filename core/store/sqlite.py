@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import time
 from collections import deque
@@ -125,6 +126,8 @@ class SqliteStore:
         self._written: asyncio.Event  # committed since the last checkpoint; made by start
         self._restart_wal = False  # the writer checkpoints before its next batch
         self._write_fault: str | None = None  # the disk refused the last write (full, I/O)
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._lost: str | None = None  # why nothing more is written (the file went away)
 
     # lifecycle
 
@@ -134,6 +137,8 @@ class SqliteStore:
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             await self._writer.open(self._path)
             await self._writer.call(_migrate)
+            self._file = _file_id(self._path) if self._path != ":memory:" else None
+            self._lost = None
             if self._reader is not self._writer:
                 await self._writer.call(_no_autocheckpoint)
                 await self._reader.open(self._path)
@@ -174,6 +179,8 @@ class SqliteStore:
     async def ping(self) -> None:
         """Reachable, and taking writes: once the disk has refused one (full, read-only, an
         I/O error), a small write must succeed before the store counts as ready again."""
+        if self._lost is not None:
+            raise StoreError(self._lost)
         if self._write_fault is None:
             await self._read(lambda c: _fetchone(c, "SELECT 1"))
         else:
@@ -187,6 +194,8 @@ class SqliteStore:
         op makes its batch, and everything written before it, durable."""
         if self._task is None or self._task.done() or self._closing:
             raise StoreError("store is not running")
+        if self._lost is not None:
+            raise StoreError(self._lost)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._ops.append(_Op(fn, fut, durable))
         self._wake.set()
@@ -203,6 +212,13 @@ class SqliteStore:
                 await self._wake.wait()
                 continue
             batch = [ops.popleft() for _ in range(min(len(ops), self._max_batch))]
+            if self._lost is None and self._file is not None and not self._same_file():
+                await self._save_lost_file()
+            if self._lost is not None:  # nothing more is acknowledged as stored
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(StoreError(self._lost))
+                continue
             try:
                 if self._restart_wal:  # copy what is left, so that this batch starts it over
                     self._restart_wal = False
@@ -233,6 +249,28 @@ class SqliteStore:
                     op.future.set_exception(outcome.error())
                 else:
                     op.future.set_result(outcome)
+
+    def _same_file(self) -> bool:
+        try:
+            return _file_id(self._path) == self._file
+        except OSError:  # deleted
+            return False
+
+    async def _save_lost_file(self) -> None:
+        """The database file was deleted or replaced while open: what this process wrote
+        lives on only in its open handle. Copy it back to the path (or beside the file that
+        replaced it), and accept no more writes, so nothing is acknowledged that a restart
+        would lose."""
+        try:
+            target = await self._writer.call(partial(_save_copy, path=self._path))
+            saved = f"its contents were saved to {target}"
+        except (sqlite3.Error, OSError) as exc:
+            saved = f"saving its contents failed: {exc}"
+        self._lost = (
+            f"the SQLite file {self._path} was deleted or replaced while the gateway ran; "
+            f"{saved}; restart the gateway"
+        )
+        log.error("%s", self._lost)
 
     def _note_faults(self, outcomes: list[Any]) -> None:
         faults = [o.exc for o in outcomes if isinstance(o, _Failed) and _disk_fault(o.exc)]
@@ -786,6 +824,23 @@ def _disk_fault(exc: BaseException) -> bool:
     """A write the disk or the file refused, as opposed to one bad statement."""
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and code & 0xFF in _DISK_FAULTS
+
+
+def _file_id(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _save_copy(conn: sqlite3.Connection, path: str) -> str:
+    """On the writer's thread: the whole database, as this connection sees it, to `path`, or
+    beside it when another file took its place; returns where."""
+    target = f"{path}.recovered" if os.path.exists(path) else path
+    copy = sqlite3.connect(target)
+    try:
+        conn.backup(copy)
+    finally:
+        copy.close()
+    return target
 
 
 def _probe_write(conn: sqlite3.Connection) -> None:
