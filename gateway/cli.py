@@ -13,7 +13,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -44,14 +44,36 @@ EXIT_CONFIG = 2
 GC_YOUNG_THRESHOLD = 50_000
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("auto", "json", "text")
+
+
+def _one_of(allowed: Sequence[str], env: str, *, upper: bool = False) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        value = value.upper() if upper else value
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not one of {', '.join(allowed)} (also read from {env})"
+            )
+        return value
+
+    return check
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="switchboard", description="One AI agent on WhatsApp, Telegram, Slack and the web."
     )
-    parser.add_argument("--log-level", default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"))
+    # `type`, not `choices`: argparse checks a default taken from the environment only so
+    parser.add_argument(
+        "--log-level",
+        type=_one_of(LOG_LEVELS, "SWITCHBOARD_LOG_LEVEL", upper=True),
+        default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"),
+        help=f"{', '.join(LOG_LEVELS)} (default: INFO, or SWITCHBOARD_LOG_LEVEL)",
+    )
     parser.add_argument(
         "--log-format",
-        choices=("auto", "json", "text"),
+        type=_one_of(LOG_FORMATS, "SWITCHBOARD_LOG_FORMAT"),
         default=os.environ.get("SWITCHBOARD_LOG_FORMAT", "auto"),
         help="auto: readable in a terminal, one JSON object per line otherwise",
     )

@@ -410,6 +410,15 @@ def test_chat_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path: 
     assert b"Traceback" not in proc.stderr
 
 
+def test_a_log_level_or_format_that_does_not_exist_exits_2_naming_it() -> None:
+    loud = cli("--log-level", "LOUD", "check", "--offline")
+    xml = cli("check", "--offline", env=clean_env(SWITCHBOARD_LOG_FORMAT="xml"))
+    for proc, named in ((loud, "SWITCHBOARD_LOG_LEVEL"), (xml, "SWITCHBOARD_LOG_FORMAT")):
+        assert proc.returncode == 2
+        assert named in proc.stderr
+        assert_no_traceback(proc)
+
+
 def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(BAD_TOML, encoding="utf-8")
