@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
 from core.skills import Skill, discover_skills, skills_prompt
 from core.store import SqliteStore, Store
+from core.store.base import local_owner
 from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
 from gateway.settings import PLATFORM_CHANNELS, Settings
@@ -125,7 +123,7 @@ class Runtime:
             profiles,
             channels,
             max_concurrent_runs=settings.agent.max_concurrent_runs,
-            owner=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+            owner=local_owner(),
             router=router,
             quota=_quota(settings),
             telemetry=telemetry,

@@ -18,7 +18,11 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
+import socket
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -474,6 +478,39 @@ async def test_a_sqlite_file_deleted_or_replaced_while_open_is_saved_and_not_wri
         assert await again.kv_get("ns", "lost") is None
     finally:
         await again.aclose()
+
+
+async def test_sqlite_frees_at_start_the_leases_of_processes_that_no_longer_run(
+    tmp_path: Path,
+) -> None:
+    """After a crash, the restarted gateway resumed the crashed run's sessions only once the
+    dead process's leases expired (15 s). A lease that may still be held is kept."""
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    host = socket.gethostname()
+    owners = {
+        "dead": f"{host}:{exited.stdout.strip()}:aaaaaa",
+        "earlier-self": f"{host}:{os.getpid()}:bbbbbb",  # this pid, another run
+        "alive": f"{host}:{os.getppid()}:cccccc",
+        "elsewhere": f"another-host:{exited.stdout.strip()}:dddddd",
+    }
+    path = str(tmp_path / "sb.db")
+    store = SqliteStore(path)
+    await store.start()
+    for session, owner in owners.items():
+        assert await store.acquire_lease(session, owner, 600.0)
+    await store.aclose()
+    again = SqliteStore(path)
+    await again.start()
+    try:
+        taken = {s: await again.acquire_lease(s, "new-owner", 60.0) for s in owners}
+    finally:
+        await again.aclose()
+    assert taken == {"dead": True, "earlier-self": True, "alive": False, "elsewhere": False}
 
 
 async def test_a_postgresql_url_the_driver_cannot_read_is_a_store_error() -> None:

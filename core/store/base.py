@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -334,3 +337,29 @@ class Store(Protocol):
         returns them (the rest were released, expired and taken, or never held)."""
 
     async def release_lease(self, session: str, owner: str) -> None: ...
+
+
+def local_owner() -> str:
+    """A lease owner id for this process: `host:pid:random` (the random part tells apart two
+    runs that got the same pid, e.g. a container's pid 1 after a restart)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """Whether `owner` (as `local_owner` makes them) was a process on this machine that runs
+    no more: its pid is free, or it is this process's pid under another id. Anything else
+    (another machine, a pid in use, another format) may be alive and keeps its lease."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, _ = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return True  # not this run (its id is new): an earlier one, with the same pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):
+        return False
+    return False

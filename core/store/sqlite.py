@@ -54,6 +54,7 @@ from core.store.base import (
     delivery_rank,
     history_entries,
     outbound_parts,
+    owner_is_gone,
     replies_json,
     run_json,
     transcript_entries,
@@ -137,6 +138,7 @@ class SqliteStore:
                 Path(self._path).parent.mkdir(parents=True, exist_ok=True)
             await self._writer.open(self._path)
             await self._writer.call(_migrate)
+            await self._writer.call(_free_leases_of_gone_processes)
             self._file = _file_id(self._path) if self._path != ":memory:" else None
             self._lost = None
             if self._reader is not self._writer:
@@ -824,6 +826,22 @@ def _disk_fault(exc: BaseException) -> bool:
     """A write the disk or the file refused, as opposed to one bad statement."""
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and code & 0xFF in _DISK_FAULTS
+
+
+def _free_leases_of_gone_processes(conn: sqlite3.Connection) -> None:
+    """At start: a SQLite file serves processes of one machine, so a lease held by one that
+    no longer runs (killed, crashed) is freed now rather than after its ttl, and its sessions
+    resume at once."""
+    owners = [r[0] for r in conn.execute("SELECT DISTINCT lease_owner FROM sessions")]
+    gone = [o for o in owners if o is not None and owner_is_gone(o)]
+    if gone:
+        marks = ",".join("?" * len(gone))
+        conn.execute(
+            f"UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
+            f" WHERE lease_owner IN ({marks})",
+            gone,
+        )
+        log.info("freed the session leases of %d process(es) that no longer run", len(gone))
 
 
 def _file_id(path: str) -> tuple[int, int]:
