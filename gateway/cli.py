@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +28,7 @@ from gateway.probes import probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
 from gateway.settings import (
     DEFAULT_CONFIG,
+    EXAMPLE_CONFIG,
     Settings,
     config_path,
     is_ip_address,
@@ -163,7 +165,11 @@ def _without_password(url: str) -> str:
 
 def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
     where = config_path(path)
-    print(f"config error ({where or 'defaults'}):", file=sys.stderr)
+    if where is None:  # e.g. run outside the checkout: the defaults' relative paths miss too
+        where_text = f"no file: neither {DEFAULT_CONFIG} nor {EXAMPLE_CONFIG} in {Path.cwd()}"
+    else:
+        where_text = str(where)
+    print(f"config error ({where_text}):", file=sys.stderr)
     for key, msg in problems:
         print(f"  {key}: {msg}", file=sys.stderr)
 

@@ -410,6 +410,23 @@ def test_chat_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path: 
     assert b"Traceback" not in proc.stderr
 
 
+def test_outside_the_checkout_without_a_config_the_error_says_no_file_was_found(
+    tmp_path: Path,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--offline"],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "no file: neither config/switchboard.toml nor" in proc.stderr
+    assert_no_traceback(proc)
+
+
 def test_a_log_level_or_format_that_does_not_exist_exits_2_naming_it() -> None:
     loud = cli("--log-level", "LOUD", "check", "--offline")
     xml = cli("check", "--offline", env=clean_env(SWITCHBOARD_LOG_FORMAT="xml"))
