@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_runner import GracefulExit
 
 from channels.console import Console
 from core.access import approve, pending_codes
@@ -244,6 +245,11 @@ def _run(settings: Settings) -> int:
             shutdown_timeout=5.0,
             access_log=None,
             print=lambda _: print(f"Switchboard serving on {_url(host, port)} (Ctrl+C to stop)"),
+        )
+    except GracefulExit:  # a second SIGTERM or Ctrl+C during the drain cut it short
+        log.warning(
+            "stopped by a second signal before the running turns ended; their messages stay "
+            "stored and are answered after the next start"
         )
     finally:
         for sock in sockets:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import os
 import signal
@@ -19,6 +21,7 @@ from aiohttp import web
 from core.sessions import RESET_REPLY
 from gateway import cli as cli_module
 from gateway.cli import GC_YOUNG_THRESHOLD, settle_heap
+from tests.fake_openai import FakeOpenAI, Text
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config" / "switchboard.example.toml"
@@ -356,6 +359,78 @@ def test_run_serves_the_routes_and_stops_on_sigterm(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+async def test_a_second_signal_during_the_drain_stops_at_once_and_loses_nothing(
+    tmp_path: Path, fake_openai: FakeOpenAI
+) -> None:
+    """A second SIGTERM (or Ctrl+C) while a turn drains: exit 0 with a word in the log, not a
+    silent status 1; the message stays stored and the next start answers it."""
+    fake_openai.responder = lambda body: Text("late answer", delay_s=30)
+    port = free_port()
+    config = good_config(tmp_path, port)
+    config.write_text(
+        config.read_text().replace("[server]\n", "[server]\nshutdown_grace_s = 20\n")
+        + f'[model]\nprovider = "openai"\nbase_url = "{fake_openai.url}"\nname = "m"\n'
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    async def start() -> asyncio.subprocess.Process:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway",
+            "--log-format",
+            "text",
+            "run",
+            "--config",
+            str(config),
+            cwd=ROOT,
+            env=clean_env(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        async with httpx.AsyncClient(base_url=base, timeout=1) as http:
+            for _ in range(100):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/healthz")).status_code == 200:
+                        return proc
+                await asyncio.sleep(0.1)
+        proc.kill()
+        pytest.fail("the gateway did not start")
+
+    proc = await start()
+    async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+        await http.get("/")
+        assert (
+            await http.post("/chat/messages", json={"text": "hi", "client_id": "c1"})
+        ).status_code == 202
+        while not fake_openai.requests:  # the turn is waiting for the model
+            await asyncio.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = await asyncio.wait_for(proc.communicate(), 10)
+        assert proc.returncode == 0, output
+        assert b"stopped by a second signal" in output
+        assert b"Traceback" not in output
+        fake_openai.responder = lambda body: Text("answered after the restart")
+        proc = await start()
+        try:
+            for _ in range(100):
+                replies = [
+                    m["text"]
+                    for m in (await http.get("/chat/history")).json()["messages"]
+                    if m["role"] == "assistant"
+                ]
+                if replies:
+                    break
+                await asyncio.sleep(0.1)
+            assert replies == ["answered after the restart"]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            await proc.wait()
 
 
 def test_run_rejects_oversized_chunked_body(server: tuple[subprocess.Popen[bytes], str]) -> None:
