@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -233,3 +234,19 @@ class QuotaSettings(_Section):
         "You've reached today's limit for questions here. Please try again tomorrow, or "
         "contact us directly."
     )
+
+    @field_validator("credits_per_run", mode="before")
+    @classmethod
+    def _credits(cls, value: Any) -> Any:
+        """One problem under this key (pydantic would report one per union branch)."""
+        if value == "limits":
+            return value
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            credits = float(value)
+        except (TypeError, ValueError):
+            raise ValueError('must be a number or "limits"') from None
+        if not math.isfinite(credits) or credits < 0:
+            raise ValueError('must be a number from 0 up, or "limits"')
+        return credits

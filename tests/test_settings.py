@@ -591,3 +591,20 @@ def test_a_channel_section_overrides_the_queue_mode_and_debounce(tmp_path: Path)
     keys = [key for key, _ in problems_of(bad)]
     assert "channels.slack.queue_mode" in keys
     assert "channels.slack.debounce_ms" in keys
+
+
+@pytest.mark.parametrize("value", ['"lots"', "true", "-1", "nan", "[1]"])
+def test_a_bad_credits_per_run_is_one_problem_under_its_key(tmp_path: Path, value: str) -> None:
+    """A key of two kinds (a number or "limits") was reported once per kind, under names of
+    pydantic's (`quotas.credits_per_run.float`, `…literal['limits']`)."""
+    problems = problems_of(write(tmp_path, f"[quotas]\ncredits_per_run = {value}\n"))
+    assert [key for key, _ in problems] == ["quotas.credits_per_run"]
+    assert '"limits"' in problems[0][1]
+
+
+@pytest.mark.parametrize(("value", "read"), [('"limits"', "limits"), ("2", 2.0), ("0.5", 0.5)])
+def test_credits_per_run_takes_a_number_or_limits(
+    tmp_path: Path, value: str, read: float | str
+) -> None:
+    settings = load_settings(write(tmp_path, f"[quotas]\ncredits_per_run = {value}\n"))
+    assert settings.quotas.credits_per_run == read
