@@ -293,6 +293,13 @@ def _listen(host: str, port: int) -> list[socket.socket]:
 
 
 def _bind_problem(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
+    key, msg = _bind_reason(exc, host, port, address)
+    var = "SWITCHBOARD__" + key.replace(".", "__").upper()
+    named = [name for name in os.environ if name.upper() == var]
+    return key, f"{msg} (from {named[0]})" if named else msg
+
+
+def _bind_reason(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
     if exc.errno == errno.EADDRINUSE:
         return "server.port", (
             f"{port} is already in use on {address}; stop what listens there or choose another port"

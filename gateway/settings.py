@@ -318,11 +318,11 @@ def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
     var = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
     unknown = err["type"] == "extra_forbidden"
 
-    def sets_it(name: str) -> bool:  # the key itself, a list holding it, or under an unknown key
+    def sets_it(name: str) -> bool:  # the key itself, a list holding it, or a part of it
         n = name.upper()
         if not n.startswith(ENV_PREFIX):
             return False
-        return n == var or var.startswith(f"{n}__") or (unknown and n.startswith(f"{var}__"))
+        return n == var or var.startswith(f"{n}__") or n.startswith(f"{var}__")
 
     names = sorted(n for n in env if sets_it(n))
     source = f" (from {', '.join(names)})" if names else ""

@@ -231,10 +231,18 @@ def test_run_on_a_port_in_use_exits_2_naming_server_port(tmp_path: Path) -> None
         taken.listen()
         port = taken.getsockname()[1]
         proc = cli("run", "--config", str(good_config(tmp_path, port)))
+        from_env = cli(
+            "run",
+            "--config",
+            str(good_config(tmp_path)),
+            env=clean_env(SWITCHBOARD__SERVER__PORT=str(port)),
+        )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert f"server.port: {port} is already in use on 127.0.0.1" in proc.stderr
     assert "serving" not in proc.stdout
     assert_no_traceback(proc)
+    assert from_env.returncode == 2
+    assert "(from SWITCHBOARD__SERVER__PORT)" in from_env.stderr
 
 
 def test_run_on_an_address_this_machine_does_not_have_exits_2(tmp_path: Path) -> None:

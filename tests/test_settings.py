@@ -303,6 +303,17 @@ def test_an_unknown_section_from_the_environment_names_the_variable(
     ]
 
 
+def test_a_variable_under_a_key_that_takes_no_table_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SWITCHBOARD__SERVER__PORT__X makes server.port a table: the problem is the port's,
+    and the variable is named (the file's port is fine)."""
+    monkeypatch.setenv("SWITCHBOARD__SERVER__PORT__X", "1")
+    ((key, msg),) = problems_of(write(tmp_path, "[server]\nport = 8080\n"))
+    assert key == "server.port"
+    assert msg.endswith("(from SWITCHBOARD__SERVER__PORT__X)")
+
+
 # server.host, checked without the network
 
 
