@@ -12,8 +12,9 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -329,10 +330,7 @@ async def _chat(settings: Settings) -> int:
     if sys.stdin.isatty():
         print("Chatting with the agent. /reset starts over, Ctrl+D quits.")
     try:
-        while True:
-            line = await asyncio.to_thread(sys.stdin.readline)
-            if not line:
-                break
+        async for line in _stdin_lines():
             msg = console.parse(line)
             if msg is not None:
                 await runtime.manager.submit(msg)
@@ -340,3 +338,24 @@ async def _chat(settings: Settings) -> int:
     finally:
         await runtime.aclose()
     return 0
+
+
+async def _stdin_lines() -> AsyncIterator[str]:
+    """stdin's lines until its end, read by a daemon thread: Ctrl+C ends the chat at once (a
+    read blocked in asyncio's own executor would hold the exit until the next Enter)."""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            line = sys.stdin.readline()
+            try:
+                loop.call_soon_threadsafe(lines.put_nowait, line)
+            except RuntimeError:  # the loop is closed: the chat is over
+                return
+            if not line:
+                return
+
+    threading.Thread(target=read, name="stdin", daemon=True).start()
+    while line := await lines.get():
+        yield line

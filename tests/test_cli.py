@@ -519,6 +519,29 @@ def test_a_log_level_or_format_that_does_not_exist_exits_2_naming_it() -> None:
         assert_no_traceback(proc)
 
 
+def test_ctrl_c_at_the_chat_prompt_ends_it_at_once(tmp_path: Path) -> None:
+    """stdin stays open (nobody typed Enter): SIGINT must end the chat without waiting for a
+    line, and nothing typed later is taken."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(3)  # started, and reading stdin
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(5) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        assert proc.stdin is not None
+        proc.stdin.close()
+
+
 def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(BAD_TOML, encoding="utf-8")
