@@ -30,7 +30,6 @@ from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 __all__ = ["PostGate", "add_routes"]
 
 COOKIE = "switchboard_chat"
-_FORM_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
 GATE_WINDOW_S = 60.0
@@ -127,12 +126,11 @@ async def page(request: web.Request) -> web.StreamResponse:
 
 
 async def post_message(request: web.Request) -> web.StreamResponse:
-    # a page elsewhere may post here with the person's cookie (a form or a no-cors fetch):
-    # such a post comes from another Origin, or as a form's content type, and is refused
+    # a page elsewhere may post here with the person's cookie (a form or a no-cors fetch);
+    # browsers name its Origin, so it is refused (any content type is read as JSON, as
+    # scripts and other clients send it)
     if not same_origin(request, request.app[SETTINGS].server.public_url):
         return json_error(403, "cross-origin request refused")
-    if request.content_type in _FORM_TYPES:
-        return json_error(415, "send JSON (Content-Type: application/json)")
     chat: WebChat = request.app[WEBCHAT]
     session_id, new = _session(request)
     body = await read_json(request)

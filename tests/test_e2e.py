@@ -312,8 +312,8 @@ async def test_bad_requests_get_json_errors_never_500(
 async def test_the_page_and_its_posts_are_guarded_against_other_sites(
     tmp_path: Path, start_gateway: Callable[..., Any]
 ) -> None:
-    """Only the page's own script runs; a post from another origin, or sent as a form (which
-    any page can make a browser send with the person's cookie), is refused; the public URL
+    """Only the page's own script runs; a post from another origin (a form or a fetch any
+    page can make a browser send with the person's cookie) is refused; the public URL
     counts as this origin. The cookie is Secure when the browser came over HTTPS (here: as a
     trusted proxy says), and only then, or it would never come back."""
     config = write_config(tmp_path, None)
@@ -334,8 +334,8 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
         for headers, status in [
             ({**as_json, "Origin": "https://evil.example"}, 403),
             ({**as_json, "Origin": "null"}, 403),
-            ({"Content-Type": "text/plain"}, 415),
-            ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+            ({"Content-Type": "text/plain", "Origin": "https://evil.example"}, 403),  # a form
+            ({"Content-Type": "text/plain"}, 202),  # a script's JSON, typed loosely
             ({**as_json, "Content-Encoding": "gzip"}, 400),  # not gzip: a 400, not a 500
             ({**as_json, "Origin": "https://chat.example"}, 202),
             ({**as_json, "Origin": gw.url}, 202),
