@@ -17,7 +17,19 @@ class KeyedLimiter:
         self._limiters: LRUCache[str, AsyncLimiter] = LRUCache(max_keys)
 
     async def acquire(self, key: str) -> None:
+        await self._limiter(key).acquire()
+
+    async def take(self, key: str) -> float | None:
+        """Acquire now if the key has room (None); else, without waiting, the seconds until it
+        has room for one more (a full bucket leaks one every period / rate)."""
+        limiter = self._limiter(key)
+        if not limiter.has_capacity():
+            return self._period / self._rate
+        await limiter.acquire()  # there is room: it does not wait
+        return None
+
+    def _limiter(self, key: str) -> AsyncLimiter:
         limiter = self._limiters.get(key)
         if limiter is None:
             limiter = self._limiters[key] = AsyncLimiter(self._rate, self._period)
-        await limiter.acquire()
+        return limiter

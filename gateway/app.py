@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp_remotes import XForwardedRelaxed
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -32,8 +33,13 @@ def build_app(
     settings: Settings, *, store: Store | None = None, model: ModelClient | None = None
 ) -> web.Application:
     """The gateway as an aiohttp app; `store` and `model` replace the configured ones (tests)."""
+    # behind a trusted proxy, request.remote, .scheme and .host are what it forwards (the last
+    # X-Forwarded-* entry: the one it appended); inside error_middleware, so a malformed
+    # header is a JSON 400 like any other
+    forwarded = [XForwardedRelaxed().middleware] if settings.server.trust_forwarded else []
     app = web.Application(
-        client_max_size=settings.server.max_body_bytes, middlewares=[error_middleware]
+        client_max_size=settings.server.max_body_bytes,
+        middlewares=[error_middleware, *forwarded],
     )
     app[SETTINGS] = settings
     store = store or build_store(settings)

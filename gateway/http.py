@@ -20,8 +20,6 @@ from core.errors import StoreError
 from gateway.keys import METRICS
 
 __all__ = [
-    "came_over_https",
-    "client_address",
     "error_middleware",
     "json_error",
     "page_csp",
@@ -120,23 +118,3 @@ def _hashes(html: str, tag: str) -> list[str]:
         digest = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
         out.append(f"'sha256-{digest}'")
     return out or ["'none'"]
-
-
-def client_address(request: web.Request, *, trust_forwarded: bool) -> str:
-    """Who is asking: the peer's address, or behind a trusted proxy the address it forwards
-    (the last X-Forwarded-For entry: the one that proxy appended)."""
-    if trust_forwarded:
-        hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
-        if hops[-1]:
-            return hops[-1]
-    return request.remote or "unknown"
-
-
-def came_over_https(request: web.Request, *, trust_forwarded: bool) -> bool:
-    """Whether the browser reached us over HTTPS: directly, or through a trusted proxy that
-    says so (X-Forwarded-Proto). A cookie marked Secure on a plain-HTTP request would never
-    come back, so this, not the configured public URL, decides."""
-    if request.secure:
-        return True
-    proto = request.headers.get("X-Forwarded-Proto", "")
-    return trust_forwarded and proto.split(",")[-1].strip().lower() == "https"

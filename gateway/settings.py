@@ -69,8 +69,9 @@ class ServerSettings(_Section):
     public_url: str | None = None
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=600)
-    # behind a reverse proxy: a client's address is the last X-Forwarded-For entry (the one
-    # the proxy added); without a proxy that header is the client's to forge
+    # behind a reverse proxy: the client's address, scheme and host are the last
+    # X-Forwarded-For, -Proto and -Host entries (the ones it added); without a proxy those
+    # headers are the client's to forge
     trust_forwarded: bool = False
 
     @field_validator("host")

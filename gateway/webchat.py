@@ -7,24 +7,15 @@ import contextlib
 import functools
 import ipaddress
 import math
-import time
-from collections import deque
 from importlib import resources
 
 from aiohttp import web
-from cachetools import LRUCache
 
 from channels.base import BadInput
+from channels.limiter import KeyedLimiter
 from channels.web import WebChat, new_session_id, valid_session_id
 from core.store import InboxStatus
-from gateway.http import (
-    came_over_https,
-    client_address,
-    json_error,
-    page_csp,
-    read_json,
-    same_origin,
-)
+from gateway.http import json_error, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
 __all__ = ["PostGate", "add_routes"]
@@ -37,27 +28,19 @@ ADDRESSES_MAX = 100_000  # client addresses whose recent posts are counted
 
 
 class PostGate:
-    """At most `limit` posts a minute from one client address: one client cannot queue model
-    runs without end and keep every channel's people waiting. Loopback is not limited (the
-    machine itself, or a proxy on it whose clients' addresses are not forwarded)."""
+    """At most `limit` posts a minute from one client address (a bucket of `limit` that
+    empties over a minute): one client cannot queue model runs without end and keep every
+    channel's people waiting. Loopback is not limited (the machine itself, or a proxy on it
+    whose clients' addresses are not forwarded)."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._posts: LRUCache[str, deque[float]] = LRUCache(ADDRESSES_MAX)
+        self._limits = KeyedLimiter(limit, GATE_WINDOW_S, max_keys=ADDRESSES_MAX) if limit else None
 
-    def retry_after(self, address: str, now: float) -> float | None:
+    async def retry_after(self, address: str) -> float | None:
         """None, counting the post, when the address may post now; else seconds to wait."""
-        if self.limit <= 0 or _loopback(address):
+        if self._limits is None or _loopback(address):
             return None
-        posts = self._posts.get(address)
-        if posts is None:
-            posts = self._posts[address] = deque()
-        while posts and posts[0] <= now - GATE_WINDOW_S:
-            posts.popleft()
-        if len(posts) >= self.limit:
-            return posts[0] + GATE_WINDOW_S - now
-        posts.append(now)
-        return None
+        return await self._limits.take(address)
 
 
 def _loopback(address: str) -> bool:
@@ -88,14 +71,13 @@ def _session(request: web.Request) -> tuple[str, bool]:
 
 
 def _set_cookie(response: web.StreamResponse, session_id: str, request: web.Request) -> None:
-    trusted = request.app[SETTINGS].server.trust_forwarded
     response.set_cookie(
         COOKIE,
         session_id,
         max_age=60 * 60 * 24 * 365,
         httponly=True,
         samesite="Lax",
-        secure=came_over_https(request, trust_forwarded=trusted),
+        secure=request.secure,  # a Secure cookie sent over plain HTTP would never come back
         path="/",
     )
 
@@ -138,9 +120,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         msg = chat.parse(session_id, body)
     except BadInput as exc:
         return json_error(400, str(exc))
-    trusted = request.app[SETTINGS].server.trust_forwarded
-    address = client_address(request, trust_forwarded=trusted)
-    wait = request.app[GATE].retry_after(address, time.monotonic())
+    wait = await request.app[GATE].retry_after(request.remote or "unknown")
     if wait is not None:
         response = json_error(429, "too many messages; please wait a moment and send it again")
         response.headers["Retry-After"] = str(math.ceil(wait))

@@ -26,7 +26,7 @@ from gateway.admin import api
 from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
-from gateway.http import client_address, json_error, read_json
+from gateway.http import json_error, read_json
 from gateway.keys import SETTINGS
 
 __all__ = ["add_routes"]
@@ -46,12 +46,7 @@ def add_routes(app: web.Application) -> None:
     token = app[SETTINGS].admin.token
     if token is None or not token.get_secret_value():
         return
-    server = app[SETTINGS].server
-    auth = AdminAuth(
-        token.get_secret_value(),
-        public_url=server.public_url,
-        trust_forwarded=server.trust_forwarded,
-    )
+    auth = AdminAuth(token.get_secret_value(), public_url=app[SETTINGS].server.public_url)
     state = AdminState(auth, Redactor(app[SETTINGS]), _page())
     app[ADMIN] = state
     guard = state.auth.protect
@@ -91,7 +86,7 @@ async def page(request: web.Request) -> web.StreamResponse:
 async def login(request: web.Request) -> web.StreamResponse:
     """The token from the login form (or JSON {"token"}) for the session cookie."""
     state = request.app[ADMIN]
-    client = client_address(request, trust_forwarded=request.app[SETTINGS].server.trust_forwarded)
+    client = request.remote or "unknown"
     if state.auth.throttle.blocked(client):
         return too_many_failures()
     as_json = request.content_type == "application/json"

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from gateway.http import came_over_https, client_address, json_error, same_origin
+from gateway.http import json_error, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
@@ -23,9 +23,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AdminAuth:
-    """`public_url`'s host counts as this origin; with `trust_forwarded` a proxy in front
-    tells the client's address and whether it came over HTTPS (then the cookie is Secure).
-    `throttle` counts wrong tokens, from the login form and as Bearer headers alike."""
+    """`public_url`'s host counts as this origin. `throttle` counts wrong tokens, from the
+    login form and as Bearer headers alike, by client address."""
 
     def __init__(
         self,
@@ -33,14 +32,12 @@ class AdminAuth:
         *,
         ttl_s: float = COOKIE_TTL_S,
         public_url: str | None = None,
-        trust_forwarded: bool = False,
         throttle: LoginThrottle | None = None,
     ) -> None:
         self._key = token.encode()
         self._digest = hashlib.sha256(self._key).digest()
         self.ttl_s = ttl_s
         self.public_url = public_url
-        self.trust_forwarded = trust_forwarded
         self.throttle = throttle or LoginThrottle()
 
     def token_ok(self, candidate: str) -> bool:
@@ -81,7 +78,7 @@ class AdminAuth:
 
         async def guarded(request: web.Request) -> web.StreamResponse:
             bearer = "Authorization" in request.headers
-            client = client_address(request, trust_forwarded=self.trust_forwarded)
+            client = request.remote or "unknown"
             if bearer and self.throttle.blocked(client):
                 return too_many_failures()
             via = self.via(request)
@@ -108,7 +105,7 @@ class AdminAuth:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=came_over_https(request, trust_forwarded=self.trust_forwarded),
+            secure=request.secure,
         )
 
 
