@@ -33,6 +33,7 @@ from gateway.settings import (
     EXAMPLE_CONFIG,
     Settings,
     config_path,
+    env_source,
     is_ip_address,
     load_settings,
     secret_values,
@@ -295,9 +296,7 @@ def _listen(host: str, port: int) -> list[socket.socket]:
 
 def _bind_problem(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
     key, msg = _bind_reason(exc, host, port, address)
-    var = "SWITCHBOARD__" + key.replace(".", "__").upper()
-    named = [name for name in os.environ if name.upper() == var]
-    return key, f"{msg} (from {named[0]})" if named else msg
+    return key, msg + env_source(key, os.environ)
 
 
 def _bind_reason(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:

@@ -316,21 +316,26 @@ def _interpolate(
 
 def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
     key = ".".join(str(p) for p in err["loc"]) or "config"
-    var = ENV_PREFIX + "__".join(str(p) for p in err["loc"]).upper()
-    unknown = err["type"] == "extra_forbidden"
+    source = env_source(key, env)
+    if err["type"] == "extra_forbidden":
+        return key, f"unknown key{source}"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return key, msg + source
 
-    def sets_it(name: str) -> bool:  # the key itself, a list holding it, or a part of it
+
+def env_source(key: str, env: Mapping[str, str]) -> str:
+    """ " (from SWITCHBOARD__…)" naming the variables that set `key` (the key itself, a list
+    holding it, or a part of it), or "" when only the file did."""
+    var = ENV_PREFIX + key.replace(".", "__").upper()
+
+    def sets_it(name: str) -> bool:
         n = name.upper()
         if not n.startswith(ENV_PREFIX):
             return False
         return n == var or var.startswith(f"{n}__") or n.startswith(f"{var}__")
 
     names = sorted(n for n in env if sets_it(n))
-    source = f" (from {', '.join(names)})" if names else ""
-    if unknown:
-        return key, f"unknown key{source}"
-    msg = str(err["msg"]).removeprefix("Value error, ")
-    return key, msg + source
+    return f" (from {', '.join(names)})" if names else ""
 
 
 def is_ip_address(host: str) -> bool:
