@@ -13,6 +13,7 @@ from channels.slack.chunk import SECTION_LIMIT, sections
 from channels.slack.format import to_mrkdwn
 from core.models import Reply
 from tests.fake_slack import mrkdwn_problems
+from tests.text_samples import CLUSTERS, JOINED, cluster_bounds
 
 _FENCE_LINE = re.compile(r" *```\S*")
 _CODE_WORD = re.compile(r"\bc\d+ =")
@@ -144,35 +145,7 @@ def test_links_are_never_cut(lines: list[tuple[str, list[str]]]) -> None:
         assert re.sub(r"<[^<>\n]*>", "", part).count("<") == 0
 
 
-# grapheme clusters a hard cut must keep whole; each fits in the smallest limit tested
-_CLUSTERS = [
-    "a",
-    "e\u0301",  # e and a combining acute accent
-    "\U0001f1fa\U0001f1f8",  # a flag: two regional indicators
-    "\U0001f1ec\U0001f1e7",
-    "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: joined by ZWJ
-    "\U0001f44d\U0001f3fd",  # a thumb with a skin tone
-    "\u2764\ufe0f",  # a heart with a variation selector
-    "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",  # England
-    "\u0e01\u0e34",  # Thai: a consonant and a vowel sign (Mn, combining class 0)
-    "\u0e01\u0e33",  # Thai SARA AM (Lo, a spacing mark)
-    "\u0915\u093f",  # Devanagari: a consonant and a vowel sign (Mc)
-    "\u0915\u094d\u0937\u093f",  # a conjunct: consonant, virama, consonant, vowel sign
-    "\u1100\u1161\u11a8",  # Hangul as conjoining jamo
-    "1\ufe0f\u20e3",  # a keycap (Me)
-    "\U0001f600",
-]
-
-
-def _cuts(parts: list[str]) -> list[int]:
-    ends, at = [], 0
-    for part in parts[:-1]:
-        at += len(part)
-        ends.append(at)
-    return ends
-
-
-@pytest.mark.parametrize("cluster", _CLUSTERS[1:-1])
+@pytest.mark.parametrize("cluster", JOINED)
 def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
     text = "x" + cluster * (7000 // len(cluster))
     parts = sections(text)
@@ -183,14 +156,13 @@ def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(_CLUSTERS), min_size=1, max_size=60), st.integers(8, 40))
+@given(st.lists(st.sampled_from(CLUSTERS), min_size=1, max_size=60), st.integers(8, 40))
 def test_hard_cuts_fall_between_grapheme_clusters(clusters: list[str], limit: int) -> None:
     text = "".join(clusters)
-    bounds = {sum(len(c) for c in clusters[:n]) for n in range(len(clusters) + 1)}
     parts = sections(text, limit)
     assert "".join(parts) == text
     assert all(len(part) <= limit for part in parts)
-    assert set(_cuts(parts)) <= bounds
+    assert cluster_bounds(parts) <= cluster_bounds(clusters)
 
 
 def _code_lines(part: str) -> list[str]:

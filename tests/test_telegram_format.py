@@ -12,6 +12,7 @@ from markdown_it import MarkdownIt
 from channels.telegram.markdown import render
 from channels.telegram.rich import MAX_UNITS, Rich, Tag, split, utf16_len
 from tests.fake_telegram import HtmlError, parse_html, utf16
+from tests.text_samples import CLUSTERS, JOINED, cluster_bounds
 
 TOKENS = [
     *"_*[]()~`>#+-=|{}.!<&\\",
@@ -229,27 +230,7 @@ def test_never_cuts_a_surrogate_pair_or_an_emoji_sequence() -> None:
     assert "".join(text[a:b] for a, b in split(text, 9)) == text
 
 
-# grapheme clusters a hard cut must keep whole; the longest is 14 UTF-16 units
-CLUSTERS = [
-    "a",
-    "e\u0301",  # e and a combining acute accent
-    "\U0001f1fa\U0001f1f8",  # a flag: two regional indicators
-    "\U0001f1ec\U0001f1e7",
-    "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: joined by ZWJ
-    "\U0001f44d\U0001f3fd",  # a thumb with a skin tone
-    "\u2764\ufe0f",  # a heart with a variation selector
-    "\U0001f3f4\U000e0067\U000e0062\U000e0065\U000e006e\U000e0067\U000e007f",  # England
-    "\u0e01\u0e34",  # Thai: a consonant and a vowel sign (Mn, combining class 0)
-    "\u0e01\u0e33",  # Thai SARA AM (Lo, a spacing mark)
-    "\u0915\u093f",  # Devanagari: a consonant and a vowel sign (Mc)
-    "\u0915\u094d\u0937\u093f",  # a conjunct: consonant, virama, consonant, vowel sign
-    "\u1100\u1161\u11a8",  # Hangul as conjoining jamo
-    "1\ufe0f\u20e3",  # a keycap (Me)
-    "\U0001f600",
-]
-
-
-@pytest.mark.parametrize("cluster", CLUSTERS[1:-1])
+@pytest.mark.parametrize("cluster", JOINED)
 def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
     """Flags were split into letters, and Thai or Devanagari vowel signs (which
     `unicodedata.combining` calls 0) started the next message."""
@@ -262,12 +243,11 @@ def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(CLUSTERS), min_size=1, max_size=60), st.integers(14, 40))
 def test_hard_cuts_fall_between_grapheme_clusters(clusters: list[str], limit: int) -> None:
-    text = "".join(clusters)
-    bounds = {sum(len(c) for c in clusters[:n]) for n in range(len(clusters) + 1)}
+    text = "".join(clusters)  # the longest cluster is 14 UTF-16 units: the smallest limit
     ranges = split(text, limit)
     assert "".join(text[a:b] for a, b in ranges) == text
     assert all(utf16_len(text[a:b]) <= limit for a, b in ranges)
-    assert {a for a, _ in ranges} | {b for _, b in ranges} <= bounds
+    assert {a for a, _ in ranges} | {b for _, b in ranges} <= cluster_bounds(clusters)
 
 
 def test_utf16_length_counts_astral_characters_twice() -> None:

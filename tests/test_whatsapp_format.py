@@ -20,6 +20,7 @@ from channels.whatsapp.outbound import (
     template,
 )
 from core.models import Attachment, Button, Reply
+from tests.text_samples import JOINED
 
 TO = recipient("15551234567")
 
@@ -385,14 +386,14 @@ def test_a_long_quoted_code_block_is_quoted_in_every_chunk() -> None:
         assert all(re.fullmatch(r"> ```line \d+ x{60}```", line) for line in c.split("\n"))
 
 
-_FLAG, _FAMILY, _THAI, _ACCENT = "🇺🇸", "👨\u200d👩\u200d👧", "กิ", "e\u0301"
+_ACCENT = "e\u0301"
 
 
-@pytest.mark.parametrize(("cluster", "count"), [(_FLAG, 2100), (_FAMILY, 900), (_THAI, 3000)])
-def test_hard_cuts_keep_grapheme_clusters_whole(cluster: str, count: int) -> None:
+@pytest.mark.parametrize("cluster", JOINED)
+def test_hard_cuts_keep_grapheme_clusters_whole(cluster: str) -> None:
     """Report item 8: a run longer than a chunk was cut inside a flag, a family emoji or a
     letter with its mark."""
-    chunks = chunk("x" + cluster * count)
+    chunks = chunk("x" + cluster * (9000 // wlen(cluster)))
     assert len(chunks) > 1
     assert all(wlen(c) <= 4096 for c in chunks)
     assert chunks[0].startswith("x")
