@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from core.agent.model import ChatMessage, ModelRequest, ToolCall
+from core.agent.model import ChatMessage, ModelRequest, ModelResponse, ToolCall
 from core.errors import ModelError
 from providers.openai import OpenAIClient, RetryPolicy, _ToolCallAssembler
 from providers.sse import ServerSentEvent, SSEDecoder, SSEError
@@ -424,16 +424,33 @@ async def canned() -> AsyncIterator[Canned]:
     await server.aclose()
 
 
-def _canned_client(
-    canned: Canned, *answers: web.Response, retry: RetryPolicy | None = None
-) -> OpenAIClient:
+async def _complete(
+    canned: Canned,
+    *answers: web.Response,
+    retry: RetryPolicy | None = None,
+    deltas: Deltas | None = None,
+) -> ModelResponse:
+    """A streaming client's answer to one request, the server answering `answers` in turn."""
     canned.answers.extend(answers)
-    return OpenAIClient(
+    client = OpenAIClient(
         base_url=canned.url + "/v1",
         model="m",
         stream=True,
         retry=retry or RetryPolicy(attempts=0),
     )
+    try:
+        return await client.complete(_request(), deltas)
+    finally:
+        await client.aclose()
+
+
+async def _failure(
+    canned: Canned, *answers: web.Response, match: str, retry: RetryPolicy | None = None
+) -> ModelError:
+    """The ModelError (its text matching `match`) a streaming client raises for `answers`."""
+    with pytest.raises(ModelError, match=match) as info:
+        await _complete(canned, *answers, retry=retry)
+    return info.value
 
 
 def _sse(*chunks: dict[str, Any], done: bool = True) -> web.Response:
@@ -443,34 +460,19 @@ def _sse(*chunks: dict[str, Any], done: bool = True) -> web.Response:
 
 
 async def test_stream_that_is_not_an_event_stream_fails(canned: Canned) -> None:
-    client = _canned_client(canned, web.json_response({"choices": []}))
-    try:
-        with pytest.raises(ModelError, match="event stream"):
-            await client.complete(_request())
-    finally:
-        await client.aclose()
+    await _failure(canned, web.json_response({"choices": []}), match="event stream")
     assert canned.paths == ["/v1/chat/completions"]
 
 
 async def test_stream_without_finish_or_usage_ended_early(canned: Canned) -> None:
     chunk = {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]}
-    client = _canned_client(canned, _sse(chunk))
-    try:
-        with pytest.raises(ModelError, match="ended early"):
-            await client.complete(_request())
-    finally:
-        await client.aclose()
+    await _failure(canned, _sse(chunk), match="ended early")
 
 
 async def test_stream_error_chunk_is_not_retryable(canned: Canned) -> None:
     answer = _sse({"error": {"message": "context length exceeded"}})
-    client = _canned_client(canned, answer, retry=FAST_RETRY)
-    try:
-        with pytest.raises(ModelError, match="context length exceeded") as info:
-            await client.complete(_request())
-    finally:
-        await client.aclose()
-    assert info.value.retryable is False
+    error = await _failure(canned, answer, match="context length exceeded", retry=FAST_RETRY)
+    assert error.retryable is False
     assert len(canned.paths) == 1
 
 
@@ -487,13 +489,7 @@ async def test_stream_error_chunk_is_not_retryable(canned: Canned) -> None:
 async def test_a_chunk_in_an_unexpected_shape_is_a_retryable_model_error(
     canned: Canned, chunk: dict[str, Any]
 ) -> None:
-    client = _canned_client(canned, _sse(chunk))
-    try:
-        with pytest.raises(ModelError, match="unexpected shape") as info:
-            await client.complete(_request())
-    finally:
-        await client.aclose()
-    assert info.value.retryable is True
+    assert (await _failure(canned, _sse(chunk), match="unexpected shape")).retryable is True
 
 
 async def test_odd_but_readable_shapes_are_read(canned: Canned) -> None:
@@ -505,11 +501,7 @@ async def test_odd_but_readable_shapes_are_read(canned: Canned) -> None:
         {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}], "usage": [1, 2]},
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     )
-    client = _canned_client(canned, answer)
-    try:
-        response = await client.complete(_request())
-    finally:
-        await client.aclose()
+    response = await _complete(canned, answer)
     assert response.text == "Hi"
     assert [(c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
         ("lookup", {"q": "x"})
@@ -550,11 +542,7 @@ async def test_stream_with_index_reusing_provider(canned: Canned) -> None:
             ]
         },
     )
-    client = _canned_client(canned, answer)
-    try:
-        response = await client.complete(_request())
-    finally:
-        await client.aclose()
+    response = await _complete(canned, answer)
     assert response.tool_calls == (ToolCall("a", "x", "{}"), ToolCall("b", "y", '{"q": 1}'))
     assert response.input_tokens is None  # no usage chunk
 
@@ -569,12 +557,8 @@ async def test_stream_in_crlf_with_comments_and_multiline_data(canned: Canned) -
         b"data: [DONE]\r\n\r\n"
     )
     answer = web.Response(body=body, content_type="text/event-stream")
-    client = _canned_client(canned, answer)
     deltas = Deltas()
-    try:
-        response = await client.complete(_request(), deltas)
-    finally:
-        await client.aclose()
+    response = await _complete(canned, answer, deltas=deltas)
     assert (response.text, response.finish_reason) == ("Hi", "stop")
     assert deltas.seen == ["Hi"]
 

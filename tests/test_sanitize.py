@@ -19,7 +19,9 @@ def streamed(text: str, cuts: list[int]) -> str:
     return "".join(f.feed(text[a:b]) for a, b in itertools.pairwise(bounds)) + f.flush()
 
 
-QUOTED = [
+# answers that only talk about reasoning tags: nothing in them is reasoning
+KEPT = [
+    # report item 1: text after (or before) a tag quoted in code was deleted
     "Wrap the model's notes in `<analysis>` tags, then parse them.\n\nStep 2: send the result.",
     "Close it with `</think>` when done. Then continue.",
     "```xml\n<thinking>draft</thinking>\n<answer>42</answer>\n```",
@@ -27,27 +29,22 @@ QUOTED = [
     "Example:\n\n~~~\n<think>\nplan\n</think>\n<|im_start|>assistant\n~~~\n\nThat is all.",
     "- a list item with code:\n  ```\n  </thinking> and <reasoning>\n  ```\n- next",
     "> quoted code\n> ```\n> </think><|end|>\n> ```",
+    # a tag after the start of the answer is text
+    "Answer first. Models wrap notes in <thinking> tags.",  # an unclosed tag mid-answer
+    "Use <think>…</think> around the plan, then answer.",
+    "Answer.\n\n<reasoning>this is part of the answer</reasoning>\n\nMore.",
+    # a close tag after code, or after an opening tag, ends no reasoning
+    "Run `make`, then close the block with </think>.",
+    "```\ncode\n```\nThen </thinking> ends it.",
+    "Use <think>x</think> and </think> again.",
 ]
 
 
-@pytest.mark.parametrize("text", QUOTED)
-def test_tags_an_answer_quotes_in_code_are_kept(text: str) -> None:
-    """Report item 1: text after (or before) a quoted tag was deleted."""
+@pytest.mark.parametrize("text", KEPT)
+@pytest.mark.parametrize("step", [2, 3])
+def test_text_that_only_mentions_reasoning_tags_is_kept(text: str, step: int) -> None:
     assert strip_reasoning(text) == text
-    assert streamed(text, list(range(0, len(text), 3))) == text
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "Answer first. Models wrap notes in <thinking> tags.",  # an unclosed tag mid-answer
-        "Use <think>…</think> around the plan, then answer.",
-        "Answer.\n\n<reasoning>this is part of the answer</reasoning>\n\nMore.",
-    ],
-)
-def test_a_tag_after_the_start_of_the_answer_is_text(text: str) -> None:
-    assert strip_reasoning(text) == text
-    assert streamed(text, list(range(0, len(text), 2))) == text
+    assert streamed(text, list(range(0, len(text), step))) == text
 
 
 @pytest.mark.parametrize(
@@ -84,18 +81,6 @@ def test_a_close_tag_before_any_code_ends_reasoning_begun_before_the_answer(
     assert strip_reasoning(raw) == clean
     # a preview cannot take back what it showed; what follows the tag is the same
     assert streamed(raw, list(range(0, len(raw), 2))).endswith(clean)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "Run `make`, then close the block with </think>.",  # a close tag after code
-        "```\ncode\n```\nThen </thinking> ends it.",
-        "Use <think>x</think> and </think> again.",  # a close tag after an opening one
-    ],
-)
-def test_a_close_tag_after_code_or_an_opening_tag_drops_nothing(text: str) -> None:
-    assert strip_reasoning(text) == text
 
 
 def test_each_stream_is_a_new_answer() -> None:
