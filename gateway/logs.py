@@ -9,6 +9,8 @@ import sys
 import time
 from typing import Literal
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 __all__ = ["redact", "setup_logging"]
 
 CONTEXT = ("session", "channel", "run_id")
@@ -39,6 +41,24 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False, default=str)
 
 
+class _ParserRefusals(logging.Filter):
+    """aiohttp logs every request its HTTP parser refuses (an over-long line or header, bad
+    framing, TLS on the plain port) at ERROR with a traceback, though the client got a 400 with
+    the reason. Anyone can send those: they become one warning line, without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
+            reason = " ".join(exc.message.split())[:200]
+            record.msg, record.args = f"{record.getMessage()}: {exc.code} {reason}", None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+PARSER_REFUSALS = _ParserRefusals()
+
+
 def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -56,6 +76,7 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
     for noisy in ("httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.getLogger("aiohttp.server").addFilter(PARSER_REFUSALS)
 
 
 class _Redactor(logging.Filter):

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from gateway.app import build_app
-from gateway.logs import _JsonFormatter
+from gateway.logs import PARSER_REFUSALS, _JsonFormatter
 from gateway.settings import load_settings
 from tests.loopback import serve
 
@@ -57,3 +57,38 @@ def test_json_log_lines_carry_the_session_and_run() -> None:
     assert entry["session"] == "default:web:default:abc"
     assert entry["run_id"] == "r1"
     assert entry["level"] == "info"
+
+
+async def test_a_request_the_http_parser_refuses_is_one_warning_line(tmp_path: Path) -> None:
+    """aiohttp answers an unparseable request with 400 itself and logs it at ERROR with a
+    traceback; anyone can send those, so the log gets one warning line with the reason."""
+    config = tmp_path / "sb.toml"
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/db"\n')
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler()
+    collect.emit = records.append  # type: ignore[method-assign,assignment]
+    server_log = logging.getLogger("aiohttp.server")
+    server_log.addHandler(collect)
+    server_log.addFilter(PARSER_REFUSALS)
+    runner, url = await serve(build_app(load_settings(config)))
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    try:
+        for raw in (
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"POST /webhooks/telegram HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        ):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(raw)
+            answer = await reader.read()
+            writer.close()
+            assert answer.startswith(b"HTTP/1.0 400 Bad Request"), answer[:80]
+    finally:
+        await runner.cleanup()
+        server_log.removeHandler(collect)
+        server_log.removeFilter(PARSER_REFUSALS)
+    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)] * 2
+    lines = [r.getMessage() for r in records]
+    assert "400 Got more than 8190 bytes" in lines[0]
+    assert len(lines[0]) < 300
+    assert "400 Invalid character in Content-Length" in lines[1]
+    assert "\n" not in lines[1]
