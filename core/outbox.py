@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,15 +28,19 @@ class Outlet(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DeliveryPolicy:
-    max_attempts: int = 6  # failures (5xx, network)
-    max_waits: int = 50  # rate-limit answers with retry_after; a flood must not drop a reply
+    """How a reply part is retried. An outage of the platform must not lose a stored reply:
+    a failure it may recover from (5xx, network, 429) is retried with backoff, or after the
+    platform's retry_after, for `retry_for_s`; only then is the part a dead letter (the admin
+    console can send it again). A refusal that will not change (blocked, bad token) is one."""
+
+    retry_for_s: float = 24 * 3600.0
     base_delay_s: float = 0.5
-    max_delay_s: float = 30.0
+    max_delay_s: float = 60.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return max(float(retry_after), 0.0)
-        backoff = min(self.base_delay_s * 2.0 ** (attempt - 1), self.max_delay_s)
+        backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 30), self.max_delay_s)
         return backoff * (0.5 + random.random() / 2)  # jitter
 
 
@@ -64,41 +69,32 @@ class Outbox:
         if outlet is None:
             await self._store.mark_failed(part.id, "channel not enabled", permanent=True)
             return
-        attempts = part.attempts
-        waits = 0  # retries the platform asked for (retry_after): capped apart from failures
+        started = time.monotonic()
+        failures = 0  # in this call: the backoff starts over after a restart
+        extra = {"session": str(key), "channel": key.channel}
         while True:
             try:
                 platform_id = await outlet.send(key, part)
             except ChannelError as exc:
                 error, retryable, retry_after = str(exc), exc.retryable, exc.retry_after
-                limited = retry_after is not None
             except Exception as exc:
-                log.exception("send failed", extra={"session": str(key), "channel": key.channel})
+                if not failures:
+                    log.exception("send failed", extra=extra)
                 error, retryable, retry_after = type(exc).__name__, True, None
-                limited = False
             else:
                 await self._store.mark_sent(part.id, platform_id)
                 self._telemetry.send(key.channel, "sent")
                 return
-            if limited:
-                waits += 1
-            else:
-                attempts += 1
-            permanent = (
-                not retryable
-                or attempts >= self._policy.max_attempts
-                or waits >= self._policy.max_waits
-            )
+            failures += 1
+            limited = retry_after is not None
+            permanent = not retryable or time.monotonic() - started >= self._policy.retry_for_s
             await self._store.mark_failed(part.id, error[:500], permanent=permanent)
             self._telemetry.send(
                 key.channel, "failed" if permanent else "retry", rate_limited=limited
             )
             if permanent:
-                log.error(
-                    "giving up on reply part %d: %s",
-                    part.id,
-                    error,
-                    extra={"session": str(key), "channel": key.channel},
-                )
+                log.error("giving up on reply part %d: %s", part.id, error, extra=extra)
                 return
-            await asyncio.sleep(self._policy.delay(attempts, retry_after))
+            if failures == 1 and not limited:
+                log.warning("reply part %d not sent, retrying: %s", part.id, error, extra=extra)
+            await asyncio.sleep(self._policy.delay(failures, retry_after))

@@ -136,6 +136,7 @@ async def make_rig(
         lease_ttl_s: float = 15.0,
         channel: ChannelPolicy | None = None,
         history_turns: int = 10,
+        delivery: DeliveryPolicy | None = None,
     ) -> Rig:
         model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
         outlet = outlet or RecordingOutlet()
@@ -157,7 +158,7 @@ async def make_rig(
             {"default": profile},
             {"test": outlet},
             max_concurrent_runs=max_runs,
-            delivery=DeliveryPolicy(base_delay_s=0.01),
+            delivery=delivery or DeliveryPolicy(base_delay_s=0.01),
             channel_policies={"test": channel} if channel else None,
         )
         managers.append(manager)
@@ -513,6 +514,42 @@ async def test_delivery_retries_then_succeeds_once(make_rig: Callable[..., Any])
     await settle(rig)
     assert rig.outlet.texts() == ["echo: hi"]
     assert await rig.store.outbox_pending(str(key())) == []
+
+
+async def test_a_platform_outage_of_many_retries_still_delivers_once(
+    make_rig: Callable[..., Any],
+) -> None:
+    """Retries are bounded by time, not by a count: six failures used to make a stored reply
+    a dead letter (a 12-second outage lost it)."""
+    outlet = RecordingOutlet()
+    outlet.fail_with.extend(ChannelError("502 bad gateway", retryable=True) for _ in range(40))
+    rig: Rig = await make_rig(
+        outlet=outlet, delivery=DeliveryPolicy(base_delay_s=0.001, max_delay_s=0.002)
+    )
+    await rig.manager.submit(msg("hi"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: hi"]
+    part = rig.outlet.sent[0][1]
+    assert await rig.store.delivery(part.id) == ("sent", None, "502 bad gateway")
+
+
+async def test_a_reply_is_a_dead_letter_once_its_retry_time_is_spent(
+    make_rig: Callable[..., Any],
+) -> None:
+    outlet = RecordingOutlet()
+    outlet.fail_with.extend(ChannelError("502 bad gateway", retryable=True) for _ in range(10**6))
+    rig: Rig = await make_rig(
+        outlet=outlet,
+        delivery=DeliveryPolicy(retry_for_s=0.2, base_delay_s=0.001, max_delay_s=0.002),
+    )
+    await rig.manager.submit(msg("one"))
+    await settle(rig)
+    assert rig.outlet.texts() == []
+    assert await rig.store.outbox_pending(str(key())) == []  # failed for good
+    outlet.fail_with.clear()
+    await rig.manager.submit(msg("two"))
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: two"]
 
 
 async def test_permanent_send_failure_does_not_block_later_replies(
