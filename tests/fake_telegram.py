@@ -272,6 +272,8 @@ class FakeTelegram:
     _failures: dict[str, list[tuple[int, str, dict[str, Any] | None] | None]] = field(
         default_factory=dict
     )
+    _stalls: dict[str, int] = field(default_factory=dict)  # method: successful calls before
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def bot(self) -> User:
@@ -286,6 +288,7 @@ class FakeTelegram:
 
     async def aclose(self) -> None:
         self._arrived.set()
+        self._released.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -312,6 +315,11 @@ class FakeTelegram:
             parameters = {**(parameters or {}), "retry_after": retry_after}
         queue = self._failures.setdefault(method, [])
         queue.extend([None] * after + [(code, description, parameters)] * times)
+
+    def stall_next(self, method: str, *, after: int = 0) -> None:
+        """After `after` more calls of `method` succeed, the next one never answers (the
+        gateway is stopped while it waits, say)."""
+        self._stalls[method] = after
 
     def push(self, update: dict[str, Any]) -> None:
         """Queue an update for getUpdates."""
@@ -447,6 +455,11 @@ class FakeTelegram:
         self.stamps.append(time.monotonic())
         if self._failures.get(method) and (failure := self._failures[method].pop(0)):
             return self._fail(*failure)
+        if method in self._stalls:
+            self._stalls[method] -= 1
+            if self._stalls[method] < 0:
+                del self._stalls[method]
+                await self._released.wait()
         handler = getattr(self, f"_m_{method}", None)
         if handler is None:
             return self._fail(404, "Not Found")

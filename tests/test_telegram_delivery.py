@@ -164,6 +164,26 @@ async def test_a_failed_chunk_is_retried_without_resending_the_earlier_ones(
     assert part["platform_id"] == str(tg.in_chat(ANA.id)[0].message_id)
 
 
+async def test_a_restart_in_the_middle_of_a_long_reply_sends_each_message_once(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The gateway stops while the third message of a reply is on its way; the part was never
+    counted as tried, and its saved progress used to be read only for parts that had been."""
+    text = "\n\n".join(f"Paragraph {i}: " + "word " * 60 for i in range(40))
+    expected = [plain for _, plain in render(text).chunks()]
+    assert len(expected) >= 4
+    fake_openai.responder = lambda body: Text(text)
+    tg.stall_next("sendMessage", after=2)
+    config = write_config(tmp_path, tg, fake_openai.url, extra="streaming = false\n")
+    async with running_gateway(config, tg) as gw:
+        await gw.deliver(tg.message(ANA, "long one"))
+        await until(lambda: tg.methods().count("sendMessage") == 3)
+    assert len(tg.in_chat(ANA.id)) == 2
+    async with running_gateway(config, tg) as gw:
+        await until(lambda: [o["status"] for o in gw.outbox()] == ["sent"])
+    assert [s.text for s in tg.in_chat(ANA.id)] == expected
+
+
 async def test_private_previews_are_drafts_and_the_final_message_replaces_them(
     start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:

@@ -129,10 +129,9 @@ class Delivery:
         known = self._progress.get(part.id)
         if known is not None:
             return known
-        raw = None
-        if part.attempts:
-            with contextlib.suppress(StoreError):
-                raw = await self._store.kv_get(PROGRESS_NS, str(part.id))
+        raw = None  # asked even when no attempt was counted: a send cut short by a stop is not
+        with contextlib.suppress(StoreError):
+            raw = await self._store.kv_get(PROGRESS_NS, str(part.id))
         if raw:
             data = json.loads(raw)
             progress = _Progress(data["done"], data["targets"], data["shown"], data["reply_to"])
