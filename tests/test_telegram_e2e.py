@@ -137,6 +137,26 @@ async def test_duplicate_update_answered_once(
     assert len(gw.inbox()) == 1
 
 
+async def test_a_redelivered_photo_keeps_the_file_its_message_points_to(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The redelivery downloads the same bytes to the same content-named path; it used to
+    delete that path as "its own copy", leaving the stored message pointing at nothing."""
+    photo = [{**tg.add_file(b"picture" * 50, "photos/file_9.jpg"), "width": 9, "height": 9}]
+    update = tg.message(ANA, None, caption="again?", photo=photo)
+    if gw.mode == "webhook":
+        await gw.deliver(update)
+        await gw.deliver(update)
+    else:
+        tg.push(update)
+        await gw.deliver(update)
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    await asyncio.sleep(0.3)
+    [(_, stored)] = gw.inbox()
+    [attachment] = stored["attachments"]
+    assert await asyncio.to_thread(Path(attachment["path"]).read_bytes) == b"picture" * 50
+
+
 async def test_button_round_trip(gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI) -> None:
     long_value = "confirm-order-2025-000123:" + "table-for-four-at-nine-by-the-window" * 2
     buttons = [{"label": "Yes", "value": "yes"}, {"label": "Later", "value": long_value}]

@@ -16,7 +16,6 @@ import hmac
 import logging
 from collections.abc import Coroutine
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -164,12 +163,10 @@ class TelegramAdapter:
             msg = msg.model_copy(update={"attachments": attachments})
         result = await self._ctx.submit(msg, key)
         if result.status is InboxStatus.DUPLICATE:
+            # its files are kept: they are named by their content, so the copy that was stored
+            # first points at the very same ones
             extra = {"session": str(key), "channel": CHANNEL}
             log.info("update %s was already stored", msg.platform_id, extra=extra)
-            for a in msg.attachments:  # this copy of its files is not needed
-                if a.path:
-                    with contextlib.suppress(OSError):
-                        await asyncio.to_thread(Path(a.path).unlink)
 
     async def _answer(self, query_id: str) -> None:
         bot = self._client.bot
