@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from core.agent.loop import (
     APOLOGY_EMPTY,
     APOLOGY_ERROR,
+    APOLOGY_LIMIT,
     APOLOGY_MODEL,
     APOLOGY_TIMEOUT,
     AgentEvent,
@@ -23,7 +24,14 @@ from core.agent.loop import (
     ToolStep,
     Turn,
 )
-from core.agent.model import ChatMessage, ModelRequest, ModelResponse, ToolCall, estimate_messages
+from core.agent.model import (
+    ChatMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    estimate_messages,
+    estimate_tools,
+)
 from core.agent.sanitize import shows_nothing, wrap_user_text
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError, ToolError
@@ -377,7 +385,7 @@ async def test_stop_finish_does_not_hit_output_limit() -> None:
 def _budget_case() -> tuple[Limits, int, int, int]:
     """Token estimates of the first and second call of `add 2 and 3` (call, then answer)."""
     first = [ChatMessage("system", SYSTEM), ChatMessage("user", wrap_user_text("add 2 and 3"))]
-    est1 = estimate_messages(first)
+    est1 = estimate_tools(ToolRegistry([Add()]).specs()) + estimate_messages(first)
     call = ToolCall("c0", "add", '{"first": 2, "second": 3}')
     added = [
         ChatMessage("assistant", None, (call,)),
@@ -449,7 +457,7 @@ async def test_a_message_alone_past_the_budget_is_not_sent_to_the_model() -> Non
 
     assert model.requests == []
     assert outcome.limits_hit == ["token_budget"]
-    assert outcome.text == APOLOGY_EMPTY
+    assert outcome.text == APOLOGY_LIMIT
 
 
 async def test_default_budget_does_not_end_a_short_run_early() -> None:
@@ -496,7 +504,7 @@ async def test_spent_budget_stops_before_the_next_call() -> None:
     assert len(model.requests) == 1
     assert len(events.of(ToolStep)) == 1
     assert "token_budget" in outcome.limits_hit
-    assert outcome.text == APOLOGY_EMPTY
+    assert outcome.text == APOLOGY_LIMIT
     assert isinstance(events.all[-1], Done)
 
 
@@ -791,7 +799,10 @@ async def test_missing_usage_is_estimated() -> None:
     outcome, _ = await _run(model)
 
     assert outcome.output_tokens == 10  # about four characters a token
-    assert outcome.input_tokens == estimate_messages(model.requests[0].messages)
+    (request,) = model.requests
+    assert outcome.input_tokens == estimate_tools(request.tools) + estimate_messages(
+        request.messages
+    )
 
 
 async def test_streamed_deltas_never_show_reasoning() -> None:

@@ -21,6 +21,7 @@ from core.agent.model import (
     ToolCall,
     estimate_messages,
     estimate_tokens,
+    estimate_tools,
 )
 from core.agent.sanitize import StreamFilter, shows_nothing, strip_reasoning, wrap_user_text
 from core.agent.tools import PENDING, ToolContext, ToolRegistry
@@ -44,6 +45,10 @@ APOLOGY_MODEL = "Sorry, I can't reach my language model right now. Please try ag
 APOLOGY_TIMEOUT = "Sorry, that took me too long. Could you ask again, maybe more simply?"
 APOLOGY_EMPTY = "Sorry, I couldn't put together an answer to that. Could you rephrase it?"
 CUT_MARK = "[…]"  # ends an answer cut short by max_output_tokens
+APOLOGY_LIMIT = (
+    "Sorry, answering that needed more work than I can do for one message. Could you ask about "
+    "one part of it at a time?"
+)
 APOLOGY_ERROR = "Sorry, something went wrong on my side. Please try again in a moment."
 
 
@@ -164,6 +169,7 @@ class AgentLoop:
             session=turn.session, run_id=turn.run_id, state=out.state, workspace=turn.workspace
         )
         tools = self._tools.specs()
+        tools_cost = estimate_tools(tools)  # in every call's input, beside the messages
         tool_results: list[str] = []  # what tools returned: the numbers answers may quote
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
@@ -178,7 +184,7 @@ class AgentLoop:
         # the budget binds the first call too: the oldest history goes until the call fits
         smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
         older = len(turn.history)
-        while older and estimate_messages(messages) + smallest > lim.token_budget:
+        while older and tools_cost + estimate_messages(messages) + smallest > lim.token_budget:
             del messages[1]  # right after the system prompt
             older -= 1
 
@@ -193,7 +199,7 @@ class AgentLoop:
                     out.steered += 1
             spent = out.input_tokens + out.output_tokens
             est_input = (
-                estimate_messages(messages)
+                tools_cost + estimate_messages(messages)
                 if step == 1
                 else prev_input + estimate_messages(messages[sent_upto:])
             )
@@ -250,7 +256,7 @@ class AgentLoop:
                 messages.append(ChatMessage("tool", content, tool_call_id=call.id, name=call.name))
                 tool_results.append(content)
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
-        out.text = last_text or APOLOGY_EMPTY
+        out.text = last_text or (APOLOGY_LIMIT if out.limits_hit else APOLOGY_EMPTY)
         if last_text and cut:  # shown as cut short, not as if that were the whole answer
             out.text = f"{last_text.rstrip()} {CUT_MARK}"
             await emit(TextDelta(turn.run_id, f" {CUT_MARK}"))

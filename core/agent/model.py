@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -16,6 +17,7 @@ __all__ = [
     "ToolSpec",
     "estimate_messages",
     "estimate_tokens",
+    "estimate_tools",
 ]
 
 DeltaSink = Callable[[str], Awaitable[None]]
@@ -78,6 +80,17 @@ class ModelClient(Protocol):
 def estimate_tokens(text: str) -> int:
     """A provider-neutral estimate (about four characters a token) for budgeting."""
     return (len(text) + 3) // 4
+
+
+def estimate_tools(tools: tuple[ToolSpec, ...]) -> int:
+    """What the tool definitions add to every call's input (a model is shown them each time)."""
+    return sum(
+        estimate_tokens(t.name)
+        + estimate_tokens(t.description)
+        + 8
+        + estimate_tokens(json.dumps(t.parameters, separators=(",", ":")))
+        for t in tools
+    )
 
 
 def estimate_messages(messages: tuple[ChatMessage, ...] | list[ChatMessage]) -> int:
