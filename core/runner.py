@@ -268,10 +268,10 @@ class SessionRunner:
         except asyncio.CancelledError:
             current = asyncio.current_task()
             run.status, run.ended_at = "cancelled", time.time()
-            if quotas:  # the messages will be answered (and charged) by a later run
+            if quotas:
                 with contextlib.suppress(StoreError):
                     await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
-                run.credits = 0.0
+            run.credits = 0.0  # the messages will be answered (and charged) by a later run
             run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
             if tools:
                 run.detail["tools"] = tools
@@ -285,8 +285,9 @@ class SessionRunner:
             return
         finally:
             self.turn_task = None
-        if quotas and outcome.status in ("model_error", "error") and outcome.steps == 0:
-            await self.mgr.store.release_usage(day, run.credits, quotas)  # nothing produced
+        if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
+            if quotas:
+                await self.mgr.store.release_usage(day, run.credits, quotas)
             run.credits = 0.0
         self.committing = True
         try:
@@ -412,6 +413,7 @@ class SessionRunner:
 
 
 COMMANDS = frozenset({"reset", "start", "help"})
+UNCHARGED = frozenset({"model_error", "error", "timeout"})  # when no model call completed
 _CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record

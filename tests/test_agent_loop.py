@@ -249,9 +249,10 @@ async def test_invalid_arguments_then_model_corrects() -> None:
     )
 
 
-async def test_arguments_not_json_is_an_error_result() -> None:
+@pytest.mark.parametrize("arguments", ['{"first": 2,', "[" * 5000])  # too deep to decode
+async def test_arguments_not_json_is_an_error_result(arguments: str) -> None:
     model = ScriptedModel()
-    model.add(calls(("add", '{"first": 2,')), text("sorry"))
+    model.add(calls(("add", arguments)), text("sorry"))
 
     outcome, events = await _run(model)
 

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from core.agent.loop import AgentLoop, Limits
@@ -49,12 +50,11 @@ async def make(store: Store) -> AsyncIterator[Any]:
     managers: list[SessionManager] = []
 
     async def build(
-        model: ScriptedModel, quota: QuotaPolicy
+        model: ScriptedModel, quota: QuotaPolicy, limits: Limits | None = None
     ) -> tuple[SessionManager, RecordingOutlet]:
         outlet = RecordingOutlet()
-        profile = AgentProfile(
-            name="default", instructions="x", loop=AgentLoop(model, ToolRegistry(), Limits())
-        )
+        loop = AgentLoop(model, ToolRegistry(), limits or Limits())
+        profile = AgentProfile(name="default", instructions="x", loop=loop)
         manager = SessionManager(
             store,
             {"default": profile},
@@ -97,11 +97,17 @@ async def test_over_quota_gets_a_polite_message_and_no_model_call(make: Any, sto
     assert outlet.texts(SessionKey("default", "test", "default", "c2")) == ["bob's answer"]
 
 
+@pytest.mark.parametrize("failure", ["model_error", "timeout"])
 async def test_model_failure_before_anything_releases_the_reservation(
-    make: Any, store: Store
+    make: Any, store: Store, failure: str
 ) -> None:
     policy = QuotaPolicy(credits_per_run=5.0, channel_daily=100.0)
-    manager, outlet = await make(FailingModel(), policy)
+    if failure == "model_error":
+        manager, outlet = await make(FailingModel(), policy)
+    else:  # the first model call outlives the run
+        slow = ScriptedModel(delay_s=5.0)
+        slow.add(text("too late"))
+        manager, outlet = await make(slow, policy, Limits(run_timeout_s=0.2))
     await manager.submit(_msg("hello", "1"))
     await _settle(manager)
     assert "Sorry" in outlet.texts()[0]

@@ -30,6 +30,7 @@ from core.sessions import (
     SessionPolicy,
 )
 from core.store import InboxStatus, SqliteStore, Store
+from core.store.admin import console
 from tests.fakes import RecordingOutlet
 
 _USER = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
@@ -314,6 +315,10 @@ async def test_interrupt_cancels_and_never_sends_the_old_reply(
     kinds = [e[0] for e in rig.outlet.events]
     assert "discarded" in kinds
     assert await rig.store.pending(str(key())) == []
+    # the usage view sums runs' credits: the cancelled run's messages are charged once, by
+    # the run that answered them (it recorded a credit of its own without quotas configured)
+    runs = await console(rig.store).runs(str(key()), 10)
+    assert [(r.status, r.credits) for r in runs] == [("cancelled", 0.0), ("ok", 1.0)]
 
 
 async def test_duplicate_delivery_is_answered_once(make_rig: Callable[..., Any]) -> None:

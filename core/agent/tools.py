@@ -141,6 +141,8 @@ class ToolRegistry:
             data = json.loads(raw_args) if raw_args.strip() else {}
         except json.JSONDecodeError as exc:
             return _error("invalid_arguments", f"Arguments are not valid JSON ({exc.msg}).")
+        except RecursionError:
+            return _error("invalid_arguments", "Arguments are nested too deeply.")
         try:
             args = tool.args_model.model_validate(data)
         except ValidationError as exc:
