@@ -501,12 +501,14 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
             )
     for name, agent in s.resolved_agents().items():
         m, run_timeout = agent.model, agent.settings.limits.run_timeout_s
-        if m.fallback is not None and m.timeout_s * (m.max_retries + 1) >= run_timeout:
+        # the first model's retries stop at half the run; one more call may take timeout_s
+        if m.fallback is not None and m.timeout_s >= run_timeout / 2:
             w.append(
                 (
                     "model.fallback" if name == DEFAULT_AGENT else f"agents.{name}.model.fallback",
-                    "the run times out before the first model's retries end, so the fallback "
-                    "is never asked; lower model.timeout_s or max_retries",
+                    "a first model that does not answer holds the run past half of "
+                    "agent.limits.run_timeout_s, leaving the fallback little or no time; lower "
+                    "model.timeout_s",
                 )
             )
         if agent.draft:

@@ -105,7 +105,7 @@ class HttpModelClient(ABC):
             return response
 
         try:
-            return await with_retries(self._retry, once, on_delta)
+            return await with_retries(self._retry, once, on_delta, request.deadline)
         except ModelError as exc:
             if (clean := self._blank(str(exc))) == str(exc):
                 raise

@@ -19,6 +19,7 @@ from core.errors import ConfigError, ModelError
 from providers.anthropic import AnthropicClient
 from providers.openai import OpenAIClient, RetryPolicy
 from tests.fake_anthropic import Error, FakeAnthropic
+from tests.fake_openai import Error as OpenAIError
 from tests.fake_openai import FakeOpenAI, Text
 from tests.fakes import Deltas
 
@@ -164,6 +165,41 @@ async def test_loop_falls_back_from_an_overloaded_anthropic_to_openai() -> None:
     assert out.text == "Answered by the fallback."
     assert len(anthropic.requests) == 2  # the first try and one retry
     assert len(openai.requests) == 1
+
+
+async def test_a_long_retry_after_goes_to_the_fallback_while_the_run_has_time() -> None:
+    """The primary asks for 30 s in a run of 4: waiting it out used to time the run out with
+    the fallback never asked (and, the run cancelled, the cooldown never started)."""
+    primary, second = FakeOpenAI(), FakeOpenAI()
+    await primary.start()
+    await second.start()
+    primary.script(*[OpenAIError(429, "slow down", retry_after=30)] * 5)
+    second.script(Text("Answered by the fallback."), Text("Again the fallback."))
+    model = FallbackModel(
+        OpenAIClient(base_url=primary.url, model="a", retry=RetryPolicy(attempts=3)),
+        OpenAIClient(base_url=second.url, model="b", retry=RetryPolicy(attempts=0)),
+    )
+    loop = AgentLoop(model, ToolRegistry(), Limits(run_timeout_s=4))
+
+    async def emit(event: AgentEvent) -> None:
+        return None
+
+    try:
+        outs = [
+            await loop.run(
+                Turn(run_id=r, session="s", system="sys", history=[], user_texts=["hi"]), emit
+            )
+            for r in ("r1", "r2")
+        ]
+    finally:
+        await model.aclose()
+        await primary.aclose()
+        await second.aclose()
+    assert [(o.status, o.text) for o in outs] == [
+        ("ok", "Answered by the fallback."),
+        ("ok", "Again the fallback."),
+    ]
+    assert len(primary.requests) == 1  # the second run went to the fallback first (cooldown)
 
 
 # -- ScriptedModel ------------------------------------------------------------------------

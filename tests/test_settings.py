@@ -591,6 +591,19 @@ def test_warning_when_no_channel_is_enabled(tmp_path: Path) -> None:
     assert "switchboard chat" in warnings[0][1]
 
 
+@pytest.mark.parametrize(("timeout_s", "warned"), [(22, False), (23, True)])
+def test_a_fallback_left_no_time_is_a_warning(tmp_path: Path, timeout_s: int, warned: bool) -> None:
+    """The first model's retries stop at half the run (45 s by default); one call of timeout_s
+    may follow, and only what is left is the fallback's."""
+    path = write(
+        tmp_path,
+        f'[model]\nprovider = "openai"\nname = "a"\napi_key = "k"\ntimeout_s = {timeout_s}\n'
+        '[model.fallback]\nprovider = "openai"\nname = "b"\napi_key = "k"\n',
+    )
+    keys = [key for key, _ in settings_warnings(load_settings(path))]
+    assert ("model.fallback" in keys) is warned
+
+
 def test_a_channel_section_overrides_the_queue_mode_and_debounce(tmp_path: Path) -> None:
     """DESIGN §2: queue modes overridable per channel; debounce per channel."""
     path = write(tmp_path, '[channels.web]\nqueue_mode = "followup"\ndebounce_ms = 500\n')

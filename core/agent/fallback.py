@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from core.agent.model import DeltaSink, ModelClient, ModelRequest, ModelResponse
 from core.errors import ModelError
@@ -50,8 +51,13 @@ class FallbackModel:
             if on_delta is not None:
                 await on_delta(text)
 
+        # the first model's retries may take half the time left, so the second one has a turn
+        hurried = request
+        if request.deadline is not None:
+            now = time.monotonic()
+            hurried = replace(request, deadline=now + max(request.deadline - now, 0.0) / 2)
         try:
-            return await self._call(*first, request, sink)
+            return await self._call(*first, hurried, sink)
         except ModelError as exc:
             if pushed:
                 raise

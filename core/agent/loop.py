@@ -137,7 +137,7 @@ class AgentLoop:
         started = time.monotonic()
         try:
             async with asyncio.timeout(self._limits.run_timeout_s):
-                await self._steps(turn, emit, out)
+                await self._steps(turn, emit, out, started + self._limits.run_timeout_s)
         except TimeoutError:
             out.status = "timeout"
             out.limits_hit.append("run_timeout")
@@ -161,7 +161,7 @@ class AgentLoop:
         await emit(Done(turn.run_id, out))
         return out
 
-    async def _steps(self, turn: Turn, emit: EventSink, out: RunOutcome) -> None:
+    async def _steps(self, turn: Turn, emit: EventSink, out: RunOutcome, deadline: float) -> None:
         lim = self._limits
         messages: list[ChatMessage] = [ChatMessage("system", turn.system), *turn.history]
         messages.append(ChatMessage("user", "\n".join(wrap_user_text(t) for t in turn.user_texts)))
@@ -217,6 +217,7 @@ class AgentLoop:
                 tool_choice="none" if final else "auto",
                 max_tokens=max_tokens,
                 temperature=lim.temperature,
+                deadline=deadline,
             )
             if turn.guard is not None:
                 await turn.guard()

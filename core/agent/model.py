@@ -53,6 +53,9 @@ class ModelRequest:
     tool_choice: Literal["auto", "none"] = "auto"
     max_tokens: int = 350
     temperature: float = 0.2
+    # time.monotonic() by which the run needs its answer: a retry that would wait past it gives
+    # up at once instead, so a fallback model, or the apology, still comes in time
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

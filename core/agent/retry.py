@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -34,8 +35,10 @@ async def with_retries(
     policy: RetryPolicy,
     attempt: Callable[[DeltaSink], Awaitable[ModelResponse]],
     on_delta: DeltaSink | None,
+    deadline: float | None = None,
 ) -> ModelResponse:
-    """Run `attempt(sink)` until it succeeds, fails for good, or has pushed text."""
+    """Run `attempt(sink)` until it succeeds, fails for good, has pushed text, or would have
+    to wait past `deadline` (time.monotonic()) for its next try."""
     tries = 0
     while True:
         emitted = False
@@ -52,6 +55,8 @@ async def with_retries(
             if not exc.retryable or emitted or tries >= policy.attempts:
                 raise
             delay = policy.delay(tries, exc.retry_after)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                raise
             log.info("model call failed (%s); retry %d in %.1fs", exc, tries + 1, delay)
             tries += 1
             await asyncio.sleep(delay)
