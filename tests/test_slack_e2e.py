@@ -14,6 +14,7 @@ from urllib.parse import quote, urlencode
 import pytest
 import pytest_asyncio
 
+from core.errors import StoreError
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_slack import (
     BOT_USER,
@@ -211,6 +212,30 @@ async def test_an_event_is_stored_before_it_is_acknowledged(
     assert [e.text for e in await gw.transcript(DM)][:1] == ["keep me"]
 
 
+async def test_a_retry_that_comes_while_the_first_is_being_stored_waits_for_it(
+    gw: SlackGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first delivery is slow to store and then fails; Slack's retry came meanwhile and
+    was answered 200 at once, as a copy, so the message was lost."""
+    body = event(message(DM, "slow store"))
+    original = gw.store.put_inbound
+
+    async def slow_then_failing(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(gw.store, "put_inbound", original)
+        await asyncio.sleep(0.5)
+        raise StoreError("database unavailable")
+
+    monkeypatch.setattr(gw.store, "put_inbound", slow_then_failing)
+    first = asyncio.create_task(gw.post(body))
+    await asyncio.sleep(0.1)
+    retry = await gw.post(body, headers={"X-Slack-Retry-Num": "1"})
+    assert (await first).status_code == 503
+    assert retry.status_code == 503  # not a 200 before anything was stored
+    again = await gw.post(body, headers={"X-Slack-Retry-Num": "2"})
+    assert again.status_code == 200
+    assert [e.text for e in await gw.transcript(DM)][:1] == ["slow store"]
+
+
 async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
     gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, slack: FakeSlack
 ) -> None:
@@ -238,6 +263,9 @@ async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
         b"payload="
         + quote(json.dumps({"type": "block_actions", "actions": [{"value": "x"}]})).encode(),
         b"payload=" + quote(json.dumps({"type": "block_actions", "actions": "x"})).encode(),
+        b"payload=" + quote(json.dumps({"type": "block_actions", "actions": []})).encode(),
+        b"payload=" + quote(json.dumps({"type": "view_submission", "view": {}})).encode(),
+        b"payload=" + quote(json.dumps({"type": "view_closed", "view": None})).encode(),
         b'{"type": "url_verification", "challenge": 5}',
     ],
 )

@@ -19,8 +19,10 @@ downloads are bounded (`download_timeout_s`, inside Slack's 3 s) and a file that
 then reaches the agent described as not downloaded. The work for each message runs in a task
 chained behind the session's earlier messages, so a message with a file is not overtaken by
 the next. If the store fails or is too slow, the route answers 503 and forgets the ids, so
-Slack's retry is processed again (the store's dedupe makes that safe). A click or a command
-that is not stored gets a 503, which Slack shows the person as failed (it retries neither).
+Slack's retry is processed again (the store's dedupe makes that safe); a retry that comes
+while the first delivery is still being stored waits for it, and shares its answer. A click
+or a command that is not stored gets a 503, which Slack shows the person as failed (it
+retries neither).
 Socket Mode envelopes follow the same path, acknowledged once stored.
 """
 
@@ -77,7 +79,9 @@ class Inbound:
         self._verifier = SignatureVerifier(secret)
         self._threads = settings.reply_in_threads
         self._ctx, self._identity, self._downloader = ctx, identity, downloader
-        self._seen: LRUCache[str, None] = LRUCache(SEEN_MAX)
+        # event ids and message ids taken, with the task storing each: a copy that arrives
+        # while it is still being stored waits for that task rather than being acknowledged
+        self._seen: LRUCache[str, asyncio.Task[bool] | None] = LRUCache(SEEN_MAX)
         self._joined: LRUCache[str, None] = LRUCache(THREADS_MAX)
         self._tails: dict[_Order, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
@@ -177,11 +181,15 @@ class Inbound:
         """An event_callback: dropped when seen or ignorable, else accepted (the task ends
         True once the message is stored, or deliberately dropped)."""
         event_id = body.get("event_id")
-        if isinstance(event_id, str) and self._remember(self._seen, f"ev:{event_id}"):
-            return None
+        seen = f"ev:{event_id}" if isinstance(event_id, str) else None
+        if seen is not None and seen in self._seen:
+            return self._seen[seen]
         self._identity.learn(body)
         incoming = parse_event(body, self._identity.user_id, self._threads)
-        return None if incoming is None else self.accept(incoming)
+        task = None if incoming is None else self.accept(incoming)
+        if seen is not None:
+            self._seen[seen] = task
+        return task
 
     def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None:
         incoming = parse_action(mend_strings(payload))
@@ -205,10 +213,13 @@ class Inbound:
         msg = incoming.message
         # e.g. the same post as app_mention and as message (a thread reply that may yet be
         # dropped is not remembered: its mention must still get through; the store dedupes)
-        if not incoming.needs_joined_thread and self._remember(self._seen, msg.platform_id):
-            return None
+        remembered = not incoming.needs_joined_thread
+        if remembered and msg.platform_id in self._seen:
+            return self._seen[msg.platform_id]
         order = (msg.account, msg.conversation, msg.thread)  # a session, without building its key
         task = asyncio.create_task(self._complete(incoming, self._tails.get(order)))
+        if remembered:
+            self._seen[msg.platform_id] = task
         self._tails[order] = task
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._done(order, t))
@@ -282,13 +293,21 @@ def _thread_key(msg: InboundMessage) -> str:
 
 
 def _malformed_actions(body: Any) -> str | None:
-    """Why a block_actions payload cannot be read (Bolt matches listeners on each action's
-    action_id, and answers 500 when one has none), or None."""
-    if not isinstance(body, dict) or body.get("type") != "block_actions":
+    """Why an interactivity payload cannot be read, or None: Bolt matches listeners on the
+    first action's action_id, and on a view's type, and answers 500 when one is missing."""
+    if not isinstance(body, dict):
         return None
-    actions = body.get("actions")
-    if not isinstance(actions, list) or not all(
-        isinstance(a, dict) and isinstance(a.get("action_id"), str) for a in actions
-    ):
-        return "actions: each must be an object with an action_id"
+    kind = body.get("type")
+    if kind == "block_actions":
+        actions = body.get("actions")
+        if (
+            not isinstance(actions, list)
+            or not actions
+            or not all(isinstance(a, dict) and isinstance(a.get("action_id"), str) for a in actions)
+        ):
+            return "actions: a list of objects, each with an action_id"
+    elif kind in ("view_submission", "view_closed"):
+        view = body.get("view")
+        if not isinstance(view, dict) or not isinstance(view.get("type"), str):
+            return "view: an object with a type"
     return None
