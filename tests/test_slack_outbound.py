@@ -73,9 +73,12 @@ def _key(conversation: str, thread: str | None = None) -> SessionKey:
     return SessionKey("default", "slack", "T1", conversation, thread)
 
 
+@pytest.mark.parametrize("restarted", [False, True])
 async def test_a_retry_resumes_after_the_messages_already_sent(
-    adapter: SlackAdapter, slack: FakeSlack
+    adapter: SlackAdapter, slack: FakeSlack, store: SqliteStore, tmp_path: Path, restarted: bool
 ) -> None:
+    """Also by another adapter on the same store (after a restart): the count of messages
+    sent was kept in memory only, and the first ones were posted again."""
     text = "\n\n".join(f"paragraph {i} " + "x" * 900 for i in range(14))
     part = _part(text)
     assert len(render(part.reply)) == 2
@@ -84,7 +87,15 @@ async def test_a_retry_resumes_after_the_messages_already_sent(
         await adapter.send(_key("C1", "1.1"), part)
     assert failed.value.retryable
     assert len(slack.posted("C1")) == 1
-    platform_id = await adapter.send(_key("C1", "1.1"), part)
+    if restarted:
+        ctx = ChannelContext(store=store, files_dir=tmp_path / "files", max_media_bytes=1024)
+        adapter = create(_settings(slack.api_base), ctx)
+        await adapter.start()
+    try:
+        platform_id = await adapter.send(_key("C1", "1.1"), part)
+    finally:
+        if restarted:
+            await adapter.aclose()
     posted = slack.posted("C1")
     assert len(posted) == 2
     assert platform_id == f"C1:{posted[0]['ts']}"

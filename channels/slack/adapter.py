@@ -25,7 +25,7 @@ __all__ = ["OUTPUT_RULES", "ROUTE", "SlackAdapter"]
 
 log = logging.getLogger(__name__)
 ROUTE = "/webhooks/slack"
-PROGRESS_MAX = 1000
+PROGRESS_NS = "slack.sent"  # part id -> "<messages sent>:<first ts>", while a part is sent
 OUTPUT_RULES = (
     "You are talking in Slack. Write plain Markdown: **bold**, *italic*, `code`, fenced code "
     "blocks, lists and [links](https://example.com). Headings show as bold lines and tables "
@@ -42,6 +42,7 @@ class SlackAdapter:
     def __init__(self, settings: SlackSettings, ctx: ChannelContext) -> None:
         token = settings.bot_token.get_secret_value() if settings.bot_token else ""
         self._http: aiohttp.ClientSession | None = None
+        self._ctx = ctx
         self.web = AsyncWebClient(token=token, base_url=settings.api_base + "/")
         self.api = SlackApi(self.web)
         self.identity = BotIdentity(self.api, token, settings.bot_user_id)
@@ -59,7 +60,6 @@ class SlackAdapter:
         if settings.mode == "socket" and settings.app_token is not None:
             app_token = settings.app_token.get_secret_value()
             self._socket = SocketMode(app_token, self.web, self.inbound)
-        self._progress: dict[int, tuple[int, str]] = {}  # part id -> (messages sent, first ts)
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(ROUTE, self.inbound.handle)]
@@ -104,7 +104,8 @@ class SlackAdapter:
                 await self._drop(preview, key)
             self.live.forget(part.run_id)
             return None
-        done, first = self._progress.get(part.id, (0, ""))
+        several = len(batch) > 1
+        done, first = await self._progress(part.id) if several else (0, "")
         try:
             for i in range(done, len(batch)):
                 m = batch[i]
@@ -113,17 +114,19 @@ class SlackAdapter:
                 else:
                     ts = await self.api.post(key.conversation, m.text, m.blocks, key.thread)
                 first = first or ts
-                self._progress[part.id] = (i + 1, first)
-                if len(self._progress) > PROGRESS_MAX:  # parts the outbox gave up on
-                    del self._progress[next(iter(self._progress))]
+                if several and i < len(batch) - 1:  # a retry, even after a restart, goes on
+                    await self._ctx.store.kv_set(PROGRESS_NS, str(part.id), f"{i + 1}:{first}")
         except ChannelError as exc:
             log.warning("slack send failed: %s", exc, extra=extra)
-            if not exc.retryable:
-                self._progress.pop(part.id, None)
             raise
-        self._progress.pop(part.id, None)
         self.live.forget(part.run_id)
         return f"{key.conversation}:{first}"
+
+    async def _progress(self, part_id: int) -> tuple[int, str]:
+        """(messages of this part already sent, the first one's ts) by an earlier attempt."""
+        saved = await self._ctx.store.kv_get(PROGRESS_NS, str(part_id)) or ""
+        count, _, first = saved.partition(":")
+        return (int(count), first) if count.isdigit() and first else (0, "")
 
     async def _replace(self, preview: Preview, key: SessionKey, m: SlackMessage) -> str:
         try:
