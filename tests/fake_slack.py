@@ -99,6 +99,7 @@ class FakeSlack:
     files: dict[str, tuple[bytes, str]] = field(default_factory=dict)
     redirects: dict[str, str] = field(default_factory=dict)  # file name -> Location
     acks: list[str] = field(default_factory=list)
+    slow: dict[str, float] = field(default_factory=dict)  # method -> seconds before it answers
     url: str = ""
     _faults: dict[str, deque[list[Any]]] = field(default_factory=lambda: defaultdict(deque))
     _sockets: list[web.WebSocketResponse] = field(default_factory=list)
@@ -175,6 +176,8 @@ class FakeSlack:
         auth = request.headers.get("Authorization", "")
         token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else args.get("token")
         self.calls.append(Call(method, args, time.monotonic()))
+        if delay := self.slow.get(method):
+            await asyncio.sleep(delay)
         faults = self._faults[method]
         if faults and faults[0][0] > 0:
             faults[0][0] -= 1

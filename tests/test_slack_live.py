@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,25 @@ async def test_stream_mode_streams_in_the_thread_and_the_final_reply_replaces_it
     assert not final["streaming"]
     assert final["text"] == WORDS
     assert final["blocks"][0]["text"]["text"] == WORDS
+
+
+async def test_a_slow_thinking_reaction_never_holds_the_reply_back(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """The reaction's add and remove were awaited before the run went on and before its reply
+    went out: each slow call of Slack's added its whole time to the answer."""
+    slack.slow.update({"reactions.add": 3.0, "reactions.remove": 3.0})
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "off"\n')
+    async with run_gateway(config) as gw:
+        user_msg = message(DM, "quick one")
+        asked = time.monotonic()
+        await gw.post(event(user_msg))
+        await slack.wait_for(lambda: slack.posted(DM))
+        answered = time.monotonic() - asked
+        await slack.wait_for(lambda: slack.reactions == {(DM, user_msg["ts"]): set()})
+    assert answered < 2.5  # it took 6 s (both calls), against about 0.1 s
+    calls = methods(slack)
+    assert calls.index("reactions.add") < calls.index("reactions.remove")
 
 
 async def test_assistant_threads_get_a_status_instead_of_a_reaction(

@@ -2,6 +2,7 @@
 
 Thinking: `assistant.threads.setStatus` in a thread (Slack accepts it in assistant threads
 only); elsewhere, or when refused, a reaction on the person's message, removed at the end.
+Both are best effort, sent in the background: a slow Slack never holds a run or its reply.
 Preview: streaming = "update" posts the text so far and edits it at most once a second;
 "stream" uses chat.startStream / appendStream / stopStream, which Slack allows only as a
 thread reply (a DM without a thread falls back to "update"). A run shorter than one interval
@@ -60,6 +61,7 @@ class _Run:
     preview_ts: str | None = None
     pump: asyncio.Task[None] | None = None
     inflight: asyncio.Future[None] | None = None
+    status_on: asyncio.Task[None] | None = None
 
 
 class Live:
@@ -71,6 +73,7 @@ class Live:
         self._runs: dict[str, _Run] = {}
         self._previews: LRUCache[str, Preview] = LRUCache(PREVIEWS_MAX)
         self._no_assistant: set[str] = set()  # channels where setStatus was refused
+        self._background: set[asyncio.Task[None]] = set()  # thinking status calls
 
     def preview(self, run_id: str | None) -> Preview | None:
         return None if run_id is None else self._previews.get(run_id)
@@ -84,8 +87,8 @@ class Live:
         trigger_ts, user = await self._trigger(key) if self._status or stream else (None, None)
         run = _Run(key, stream, trigger_ts, user, last_flush=time.monotonic())
         self._runs[run_id] = run
-        if self._status:
-            await self._status_on(run)
+        if self._status:  # best effort: a slow Slack must not hold the run or its reply back
+            run.status_on = self._spawn(self._status_on(run))
 
     async def delta(self, key: SessionKey, run_id: str, text: str) -> None:
         run = self._runs.get(run_id)
@@ -100,7 +103,7 @@ class Live:
         if run is None:
             return
         await self._stop_pump(run)
-        await self._status_off(run)
+        self._spawn(self._status_done(run))
         if run.preview_ts is None:
             return
         if run.stream:
@@ -113,6 +116,15 @@ class Live:
     async def aclose(self) -> None:
         for run in list(self._runs.values()):
             await self._stop_pump(run)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _spawn(self, work: Awaitable[None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     # thinking status
 
@@ -143,6 +155,12 @@ class Live:
             react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=True)
             if await _quiet(react, key):
                 run.status = "reaction"
+
+    async def _status_done(self, run: _Run) -> None:
+        """The status off, once it is surely on (its call may still be on its way)."""
+        if run.status_on is not None:
+            await asyncio.gather(run.status_on, return_exceptions=True)
+        await self._status_off(run)
 
     async def _status_off(self, run: _Run) -> None:
         key = run.key
