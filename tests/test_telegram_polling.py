@@ -66,6 +66,30 @@ async def test_polling_backs_off_on_errors_and_carries_on(
     assert tg.in_chat(ANA.id)[0].text == "echo: still polling?"
 
 
+@pytest.mark.parametrize(
+    "poison",
+    [
+        {"chat": {"id": 5}},  # a chat without its type: python-telegram-bot cannot build it
+        {"photo": "not a list of sizes"},
+        {"text": {"not": "a string"}},
+    ],
+)
+async def test_an_update_nobody_can_read_is_skipped_and_the_next_answered(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI, poison: dict[str, object]
+) -> None:
+    """The whole batch used to be parsed by python-telegram-bot, so one update it could not
+    read failed every getUpdates: the offset never moved and nothing after it arrived."""
+    bad = tg.message(ANA, "broken")
+    bad["message"].update(poison)
+    tg.push(bad)
+    config = write_config(tmp_path, tg, fake_openai.url, mode="polling")
+    async with running_gateway(config, tg) as gw:
+        await gw.deliver(tg.message(BOB, "and me?"))
+        await until(lambda: len(tg.in_chat(BOB.id)) == 1)
+        await until(lambda: any(o > bad["update_id"] for o in tg.offsets))
+    assert tg.in_chat(BOB.id)[0].text == "echo: and me?"
+
+
 async def test_a_leftover_webhook_is_removed_so_polling_works(
     tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:

@@ -15,7 +15,6 @@ import contextlib
 import hmac
 import logging
 from collections.abc import Coroutine
-from functools import partial
 from typing import Any
 
 import httpx
@@ -187,17 +186,12 @@ class TelegramAdapter:
         failures = 0
         while True:
             try:
-                batch = await self._client.call(
-                    partial(
-                        bot.get_updates,
-                        offset=offset,
-                        timeout=s.poll_timeout_s,
-                        allowed_updates=s.allowed_updates,
-                    )
-                )
+                batch = await self._client.get_updates(offset, s.poll_timeout_s, s.allowed_updates)
                 for item in batch:
-                    await self._poll_one(item.to_dict())
-                    offset = item.update_id + 1
+                    await self._poll_one(item)
+                    update_id = item.get("update_id") if isinstance(item, dict) else None
+                    if isinstance(update_id, int):  # Telegram numbers every one
+                        offset = update_id + 1
                 failures = 0
             except Exception as exc:  # the loop must outlive any one failure
                 failures += 1
@@ -207,7 +201,7 @@ class TelegramAdapter:
                 log.warning("telegram polling failed (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
 
-    async def _poll_one(self, data: dict[str, Any]) -> None:
+    async def _poll_one(self, data: Any) -> None:
         try:
             update = Update.model_validate(mend_strings(data))
         except ValidationError as exc:
