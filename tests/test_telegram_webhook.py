@@ -198,3 +198,23 @@ async def test_group_message_not_for_the_bot_is_200_and_not_stored(
     resp = await gw.post(tg.message(ANA, "just chatting", chat=GROUP))
     assert resp.status_code == 200
     assert gw.inbox() == []
+
+
+async def test_a_group_message_before_the_bot_knows_its_username_is_retried_not_dropped(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """getMe failed at start: a mention was answered 200 and dropped (no username to match),
+    and other bots' commands were taken for ours. Now Telegram is asked to retry until getMe
+    works (the gateway tries it again for each such message)."""
+    tg.fail_next("getMe", 502, "Bad Gateway", times=2)
+    config = write_config(tmp_path, tg, fake_openai.url)
+    async with running_gateway(config, tg) as gw:
+        mention = tg.message(ANA, "@switchboard_test_bot are you there?", chat=GROUP)
+        first = await gw.post(mention)
+        assert first.status_code == 503
+        assert "username" in first.json()["error"]
+        assert (await gw.post(mention)).status_code == 200  # getMe works by now
+        assert (await gw.post(tg.message(ANA, "/help@other_bot", chat=GROUP))).status_code == 200
+        await until(lambda: len(tg.in_chat(GROUP["id"])) == 1)
+        await asyncio.sleep(0.3)
+        assert [m["text"] for _, m in gw.inbox()] == ["are you there?"]

@@ -42,6 +42,8 @@ ROUTE = "/webhooks/telegram"
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 IDENTITY_NS = "telegram_identity"  # bot id → @username learnt from getMe
 POLL_MEDIA_TIMEOUT_S = 60.0
+IDENTIFY_WITHIN_S = 2.0  # getMe, asked again when a group message comes before it succeeded
+NO_IDENTITY = "no_identity"
 ANSWERED_MAX = 10_000  # button presses answered lately: a redelivered one is not answered again
 OUTPUT_RULES = (
     "Telegram shows Markdown: **bold**, *italic*, ~~strikethrough~~, `code`, fenced code "
@@ -88,7 +90,12 @@ class TelegramAdapter:
             update = Update.model_validate_json(mend_json(raw))
         except ValidationError as exc:
             return web.json_response({"error": _reason(exc)}, status=400)
-        await self._accept(update, self._section.media_timeout_s)
+        try:
+            await self._accept(update, self._section.media_timeout_s)
+        except ChannelError as exc:
+            if exc.code != NO_IDENTITY:
+                raise
+            return web.json_response({"error": str(exc)}, status=503)  # Telegram retries
         return webhook_ok()
 
     # Lifecycle
@@ -131,6 +138,8 @@ class TelegramAdapter:
 
     async def _accept(self, update: Update, media_timeout_s: float) -> None:
         """Normalize, fetch media, store (deduped), then acknowledge a button press."""
+        if self._me.username is None and _from_a_group(update):
+            await self._identify()  # whether it mentions us, or its /command@bot is for us
         incoming = normalize(update, self._me, self._opts)
         if incoming is not None:
             await self._store(incoming, media_timeout_s)
@@ -226,6 +235,19 @@ class TelegramAdapter:
             log.warning("getMe failed (%s); mentions are recognised once it succeeds", exc)
             self._spawn(self._get_me_retrying(), "telegram getMe")
 
+    async def _identify(self) -> None:
+        """Learn our @username now, or raise: a group message cannot be judged without it (it
+        used to be dropped as not addressed to us, and other bots' commands taken for ours)."""
+        try:
+            await asyncio.wait_for(self._get_me(), IDENTIFY_WITHIN_S)
+        except (ChannelError, TimeoutError) as exc:
+            raise ChannelError(
+                f"the bot's @username is not known yet (getMe: {exc or 'timed out'})",
+                code=NO_IDENTITY,
+            ) from None
+        if self._me.username is None:
+            raise ChannelError("getMe gave the bot no @username", code=NO_IDENTITY)
+
     async def _get_me(self) -> None:
         bot = self._client.bot
         user = await self._client.call(bot.get_me)
@@ -248,6 +270,11 @@ class TelegramAdapter:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _from_a_group(update: Update) -> bool:
+    msg = update.message or update.edited_message
+    return msg is not None and msg.chat.type in ("group", "supergroup")
 
 
 def _reason(exc: ValidationError) -> str:
