@@ -90,6 +90,22 @@ async def test_an_update_nobody_can_read_is_skipped_and_the_next_answered(
     assert tg.in_chat(BOB.id)[0].text == "echo: and me?"
 
 
+async def test_a_slow_download_in_one_chat_does_not_hold_up_another(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """A batch was handled update by update, so Bob's text waited for Ana's photo (up to a
+    minute); each chat's updates now go in order, the chats side by side."""
+    tg.file_delay_s = 2.0
+    photo = [{**tg.add_file(b"picture", "photos/slow.jpg"), "width": 9, "height": 9}]
+    tg.push(tg.message(ANA, None, caption="look", photo=photo))
+    tg.push(tg.message(BOB, "quick question"))
+    config = write_config(tmp_path, tg, fake_openai.url, mode="polling")
+    async with running_gateway(config, tg):
+        await until(lambda: tg.in_chat(ANA.id) and tg.in_chat(BOB.id), timeout=15)
+    first = min(tg.in_chat(ANA.id) + tg.in_chat(BOB.id), key=lambda m: tg.sent.index(m))
+    assert first.text == "echo: quick question"
+
+
 async def test_a_leftover_webhook_is_removed_so_polling_works(
     tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
 ) -> None:

@@ -196,11 +196,10 @@ class TelegramAdapter:
         while True:
             try:
                 batch = await self._client.get_updates(offset, s.poll_timeout_s, s.allowed_updates)
-                for item in batch:
-                    await self._poll_one(item)
-                    update_id = item.get("update_id") if isinstance(item, dict) else None
-                    if isinstance(update_id, int):  # Telegram numbers every one
-                        offset = update_id + 1
+                await self._poll_batch(batch)
+                ids = [u.get("update_id") for u in batch if isinstance(u, dict)]
+                if numbered := [i for i in ids if isinstance(i, int)]:  # Telegram numbers all
+                    offset = max(numbered) + 1
                 failures = 0
             except Exception as exc:  # the loop must outlive any one failure
                 failures += 1
@@ -209,6 +208,23 @@ class TelegramAdapter:
                     delay = max(delay, exc.retry_after)
                 log.warning("telegram polling failed (%s); retrying in %.1f s", exc, delay)
                 await asyncio.sleep(delay)
+
+    async def _poll_batch(self, batch: list[Any]) -> None:
+        """Each chat's updates in order, the chats side by side: one person's slow download
+        must not hold up everyone else (each webhook is its own request, so there it cannot).
+        Raises when any failed, so the batch is asked for again; what was stored is deduped."""
+        chats: dict[object, list[Any]] = {}
+        for item in batch:
+            chats.setdefault(_chat_of(item), []).append(item)
+
+        async def in_order(items: list[Any]) -> None:
+            for item in items:
+                await self._poll_one(item)
+
+        results = await asyncio.gather(*map(in_order, chats.values()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def _poll_one(self, data: Any) -> None:
         try:
@@ -270,6 +286,20 @@ class TelegramAdapter:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _chat_of(item: Any) -> object:
+    """The chat an update (still JSON) is about, as far as it can be told; None if not."""
+    if not isinstance(item, dict):
+        return None
+    for kind in ("message", "edited_message", "callback_query"):
+        inner = item.get(kind)
+        if isinstance(inner, dict):
+            msg = inner.get("message") if kind == "callback_query" else inner
+            chat = msg.get("chat") if isinstance(msg, dict) else None
+            chat_id = chat.get("id") if isinstance(chat, dict) else None
+            return chat_id if isinstance(chat_id, int | str) else None
+    return None
 
 
 def _from_a_group(update: Update) -> bool:
