@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 from core.models import OutboundPart, SessionKey
 from core.store.base import Store
 from core.telemetry import NullTelemetry, Telemetry
@@ -42,6 +42,9 @@ class DeliveryPolicy:
             return max(float(retry_after), 0.0)
         backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 30), self.max_delay_s)
         return backoff * (0.5 + random.random() / 2)  # jitter
+
+
+CONFIRM_MAX_DELAY_S = 30.0
 
 
 class Outbox:
@@ -82,7 +85,7 @@ class Outbox:
                     log.exception("send failed", extra=extra)
                 error, retryable, retry_after = type(exc).__name__, True, None
             else:
-                await self._store.mark_sent(part.id, platform_id)
+                await self._confirm(part.id, platform_id, extra)
                 self._telemetry.send(key.channel, "sent")
                 return
             failures += 1
@@ -98,3 +101,22 @@ class Outbox:
             if failures == 1 and not limited:
                 log.warning("reply part %d not sent, retrying: %s", part.id, error, extra=extra)
             await asyncio.sleep(self._policy.delay(failures, retry_after))
+
+    async def _confirm(self, part_id: int, platform_id: str | None, extra: dict[str, str]) -> None:
+        """Record a part the platform accepted as sent, however long the store takes to come
+        back: left pending, it would be sent again and reach the person twice."""
+        delay = 0.5
+        while True:
+            try:
+                await self._store.mark_sent(part_id, platform_id)
+                return
+            except StoreError as exc:
+                log.warning(
+                    "reply part %d was sent but is not recorded yet (%s); retrying in %.1f s",
+                    part_id,
+                    exc,
+                    delay,
+                    extra=extra,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, CONFIRM_MAX_DELAY_S)

@@ -119,17 +119,22 @@ class SessionManager:
                 self._wake(key, arrived=False)
 
     async def _sweep_forever(self, interval_s: float) -> None:
-        while True:
+        while True:  # must outlive any one failure: a dead sweeper never resumes another's work
             await asyncio.sleep(interval_s)
             try:
                 await self._sweep()
             except StoreError as exc:
                 log.warning("sweep failed: %s", exc)
+            except Exception:
+                log.exception("sweep failed")
 
     async def _renew_forever(self, interval_s: float) -> None:
-        while True:
+        while True:  # must outlive any one failure: leases would lapse under long model calls
             await asyncio.sleep(interval_s)
-            await self.renew_leases()
+            try:
+                await self.renew_leases()
+            except Exception:
+                log.exception("renewing leases failed")
 
     async def renew_leases(self) -> None:
         """Renew every lease this replica's runners hold, in one store call per lease ttl (not

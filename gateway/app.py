@@ -107,6 +107,8 @@ async def _sample_queue_depth(store: Store, metrics: Metrics, every_s: float = 5
             metrics.queue_depth.set(await store.queue_depth())
         except StoreError as exc:
             log.warning("queue depth not sampled: %s", exc)
+        except Exception:  # the gauge must not stop for good
+            log.exception("queue depth not sampled")
         await asyncio.sleep(every_s)
 
 

@@ -17,7 +17,7 @@ from core.agent.loop import AgentLoop, Limits
 from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
 from core.agent.sanitize import wrap_user_text
 from core.agent.tools import ToolRegistry
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 from core.models import InboundMessage, MessageKind, Reply, Sender, SessionKey
 from core.sessions import (
     OVERFLOW_NOTICE,
@@ -555,6 +555,57 @@ async def test_a_reply_is_a_dead_letter_once_its_retry_time_is_spent(
     await rig.manager.submit(msg("two"))
     await settle(rig)
     assert rig.outlet.texts() == ["echo: two"]
+
+
+async def test_a_reply_sent_while_the_store_is_down_is_recorded_later_not_sent_again(
+    make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform took the reply, then recording that failed: the StoreError escaped, and
+    the delivery, that reply included, was made again once the store was back."""
+    rig: Rig = await make_rig()
+    original, left = rig.store.mark_sent, [3]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if left[0]:
+            left[0] -= 1
+            raise StoreError("connection lost")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(rig.store, "mark_sent", flaky)
+    monkeypatch.setattr("core.outbox.CONFIRM_MAX_DELAY_S", 0.01)
+    await rig.manager.submit(msg("hi"))
+    await settle(rig)
+    assert left == [0]
+    assert rig.outlet.texts() == ["echo: hi"]
+    assert await rig.store.outbox_pending(str(key())) == []
+
+
+async def test_the_sweeper_outlives_an_error_it_did_not_expect(
+    make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver error that was no StoreError ended the sweeper's task, silently: that replica
+    never again resumed a dead replica's sessions."""
+    rig: Rig = await make_rig()
+    original, failed = rig.store.sessions_with_work, []
+
+    async def flaky() -> list[str]:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("cannot switch to state 12; another operation is in progress")
+        return await original()
+
+    monkeypatch.setattr(rig.store, "sessions_with_work", flaky)
+    assert await rig.store.acquire_lease(str(key()), "a-replica-that-died", 0.3)
+    await rig.manager.submit(msg("left behind"))  # its runner finds the lease taken
+    sweeper = asyncio.create_task(rig.manager._sweep_forever(0.05))
+    try:
+        async with asyncio.timeout(3):  # the manager's own sweeper comes only after 5 s
+            while not rig.outlet.texts():
+                await asyncio.sleep(0.02)
+    finally:
+        sweeper.cancel()
+    assert failed
+    assert rig.outlet.texts() == ["echo: left behind"]
 
 
 async def test_permanent_send_failure_does_not_block_later_replies(

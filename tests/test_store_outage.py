@@ -520,3 +520,63 @@ async def test_a_postgresql_url_the_driver_cannot_read_is_a_store_error() -> Non
     store = PostgresStore(PG_BASE + "?sslmode=bogus")
     with pytest.raises(StoreError, match="cannot open PostgreSQL store"):
         await store.start()
+
+
+async def test_postgresql_stuck_on_the_inbox_is_not_ready_and_its_calls_end(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another session holds the inbox locked (a stalled server, a migration elsewhere): every
+    webhook hung with no time limit while /readyz, which asked only SELECT 1, said ready."""
+    from core.models import InboundMessage, Sender
+    from core.store.postgres import PostgresStore
+
+    monkeypatch.setattr("core.store.postgres.STATEMENT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.store.postgres.PING_TIMEOUT_S", 0.3)
+    store = PostgresStore(pg_url)
+    await store.start()
+    blocker = await asyncpg.connect(pg_url)
+    msg = InboundMessage(
+        channel="test", conversation="c", sender=Sender(id="u"), text="hi", platform_id="stuck-1"
+    )
+    try:
+        await store.ping()
+        lock = blocker.transaction()
+        await lock.start()
+        await blocker.execute("LOCK TABLE inbox IN ACCESS EXCLUSIVE MODE")
+        async with asyncio.timeout(5):
+            with pytest.raises(StoreError):
+                await store.ping()
+            with pytest.raises(StoreError):
+                await store.put_inbound("s", msg, 100)
+        await lock.rollback()
+        await store.ping()
+        assert (await store.put_inbound("s", msg, 100)).id > 0
+    finally:
+        await blocker.close()
+        await store.aclose()
+
+
+async def test_a_pooled_connection_the_server_closed_is_a_store_error(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncpg raises InternalClientError ("cannot switch to state ...") for a connection the
+    server closed while the pool handed it out; it escaped as it was, and a sweeper or a
+    heartbeat that met it stopped for good."""
+    from core.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    assert store._pool is not None
+
+    @contextlib.asynccontextmanager
+    async def broken(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise asyncpg.InternalClientError("cannot switch to state 12")
+        yield
+
+    monkeypatch.setattr(type(store._pool), "acquire", broken)  # its slot is read-only
+    try:
+        with pytest.raises(StoreError, match="cannot switch to state"):
+            await store.sessions_with_work()
+    finally:
+        monkeypatch.undo()
+        await store.aclose()

@@ -47,6 +47,20 @@ NOTIFY_CHANNEL = "switchboard_inbox"
 KV_CHANNEL = "switchboard_kv"  # payload: JSON [namespace, key] of a changed entry
 NOW = "extract(epoch from clock_timestamp())"
 MIGRATION_LOCK = 0x5B0A_4D01  # pg_advisory_xact_lock key for schema changes
+STATEMENT_TIMEOUT_S = 10.0  # a stalled server or a lock held elsewhere: StoreError, not a hang
+ACQUIRE_TIMEOUT_S = 10.0  # every pooled connection busy (stuck) that long: StoreError
+PING_TIMEOUT_S = 2.0
+MIGRATION_TIMEOUT_S = 3600.0  # an index built over a large table at an upgrade
+# what the driver raises when the server, the network or a pooled connection fails:
+# InternalClientError comes from a connection the server closed while the pool handed it out
+# (a restart, a failover, idle_session_timeout); TimeoutError from the two timeouts above
+DRIVER_ERRORS = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
 
 
 class PostgresStore:
@@ -67,7 +81,11 @@ class PostgresStore:
         self._closed = False
         try:
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=self._min, max_size=self._max, reset=_no_session_state
+                self._dsn,
+                min_size=self._min,
+                max_size=self._max,
+                reset=_no_session_state,
+                command_timeout=STATEMENT_TIMEOUT_S,
             )
             async with self._pool.acquire() as c, c.transaction():
                 await c.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
@@ -77,16 +95,10 @@ class PostgresStore:
                 current = await c.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
                 for version, sql in MIGRATIONS:
                     if version > current:
-                        await c.execute(sql)
+                        await c.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                         await c.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
         # ValueError, OverflowError: the driver could not read the URL (a bad port, sslmode…)
-        except (
-            OSError,
-            ValueError,
-            OverflowError,
-            asyncpg.PostgresError,
-            asyncpg.InterfaceError,
-        ) as exc:
+        except (ValueError, OverflowError, *DRIVER_ERRORS) as exc:
             await self.aclose()
             raise StoreError(f"cannot open PostgreSQL store: {exc}") from exc
 
@@ -129,7 +141,7 @@ class PostgresStore:
             await conn.add_listener(NOTIFY_CHANNEL, self._notified)
             await conn.add_listener(KV_CHANNEL, self._kv_notified)
             conn.add_termination_listener(self._listener_lost)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except DRIVER_ERRORS as exc:
             raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
         self._listener = conn
         self._kv_watchers.forget_all()  # a read made before now may predate news nobody heard
@@ -172,18 +184,22 @@ class PostgresStore:
         if self._pool is None:
             raise StoreError("store is not running")
         try:
-            async with self._pool.acquire() as c:
+            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as c:
                 if tx:
                     async with c.transaction():
                         yield c
                 else:
                     yield c
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"store operation failed: {exc}") from exc
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"store operation failed: {exc or type(exc).__name__}") from exc
 
     async def ping(self) -> None:
+        """Ready: a connection, and the inbox readable within PING_TIMEOUT_S (a server that
+        answers SELECT 1 can still be stuck on the tables every webhook writes)."""
         async with self._conn() as c:
-            await c.fetchval("SELECT 1")
+            await c.fetchval(
+                "SELECT count(*) FROM (SELECT 1 FROM inbox LIMIT 1) AS t", timeout=PING_TIMEOUT_S
+            )
 
     # inbox
 
