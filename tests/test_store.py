@@ -852,6 +852,31 @@ async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
         await b.aclose()
 
 
+async def test_postgres_a_lease_let_go_with_work_left_wakes_the_other_replicas(
+    pg_url: str,
+) -> None:
+    """A draining replica handed a session back in silence: the others took it at their next
+    sweep (poll_interval_s), not at once."""
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
+    await a.start()
+    await b.start()
+    try:
+        heard: asyncio.Queue[str] = asyncio.Queue()
+        await b.listen(heard.put_nowait)
+        assert await a.acquire_lease(S1, "a", 30.0)
+        await a.release_lease(S1, "a")  # nothing left to do: nobody is woken
+        await asyncio.sleep(0.2)
+        assert heard.empty()
+        assert await a.acquire_lease(S1, "a", 30.0)
+        await a.put_inbound(S1, msg(text="arrived meanwhile"), 10)
+        assert await asyncio.wait_for(heard.get(), 5) == S1
+        await a.release_lease(S1, "a")
+        assert await asyncio.wait_for(heard.get(), 5) == S1
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 async def test_delivery_reports_only_move_forward(store: Store) -> None:
     (part,) = await store.enqueue_replies(S1, [Reply(text="hi")])
     await store.mark_sent(part.id, "wamid.1")

@@ -605,12 +605,19 @@ class PostgresStore:
         return {row[0] for row in rows}
 
     async def release_lease(self, session: str, owner: str) -> None:
+        """Let go; with work left (a replica draining hands a session back), wake the others
+        now rather than at their next sweep."""
         async with self._conn() as c:
             await c.execute(
-                "UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
-                " WHERE key = $1 AND lease_owner = $2",
+                "WITH released AS (UPDATE sessions SET lease_owner = NULL, lease_until = NULL"
+                " WHERE key = $1 AND lease_owner = $2 RETURNING key)"
+                " SELECT pg_notify($3, $4) FROM released"
+                " WHERE EXISTS (SELECT 1 FROM inbox WHERE session = $1 AND status = 'pending')"
+                " OR EXISTS (SELECT 1 FROM outbox WHERE session = $1 AND status = 'pending')",
                 session,
                 owner,
+                NOTIFY_CHANNEL,
+                f"{self._id} {session}",
             )
 
 
