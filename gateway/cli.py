@@ -131,9 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. server.host or server.port cannot be bound
         _print_problems(exc.problems, args.config)
         return EXIT_CONFIG
-    except StoreError as exc:
-        print(f"error: store: {exc}", file=sys.stderr)
-        return 1
+    except StoreError as exc:  # the store named by the URL cannot be opened (never printed:
+        # it may hold a password)
+        print(f"error: store.url: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
 

@@ -50,6 +50,8 @@ def webhook_urls(settings: Settings) -> list[tuple[str, str]]:
 async def probe_all(settings: Settings) -> list[Probe]:
     """Try every enabled channel's credentials and every configured model; never raises."""
     checks: list[tuple[str, Callable[[], Awaitable[str]]]] = []
+    if settings.store.url.startswith("postgres"):
+        checks.append(("store (PostgreSQL)", lambda: _postgres(settings.store.url)))
     c = settings.channels
     if c.telegram.enabled:
         checks.append(("telegram getMe", lambda: _telegram(c.telegram)))
@@ -81,6 +83,24 @@ async def _run(name: str, check: Callable[[], Awaitable[str]]) -> Probe:
         return Probe(name, False, f"no answer within {TIMEOUT_S:g} s")
     except (SwitchboardError, httpx.HTTPError, OSError) as exc:
         return Probe(name, False, str(exc)[:200] or type(exc).__name__)
+
+
+async def _postgres(url: str) -> str:
+    """Connect, and find the schema the tables go in; nothing is created (`run` does that)."""
+    import asyncpg  # the postgres extra, present whenever such a URL passed validation
+
+    try:
+        conn = await asyncpg.connect(url, timeout=TIMEOUT_S)
+        try:
+            version = await conn.fetchval("SHOW server_version")
+            schema = await conn.fetchval("SELECT current_schema()")
+        finally:
+            await conn.close()
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
+        raise SwitchboardError(str(exc)) from None
+    if schema is None:
+        raise SwitchboardError("no schema of the URL's search_path exists; create it first")
+    return f"PostgreSQL {str(version).split()[0]}, schema {schema}"
 
 
 async def _telegram(section: TelegramSettings) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Union, get_args, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -366,7 +366,13 @@ def _postgres_url_problem(url: str) -> str | None:
         urlsplit(url).port  # noqa: B018 - reading it checks it: a number from 0 to 65535
     except ValueError as exc:
         return f"not a valid PostgreSQL URL ({exc}); e.g. postgresql://user:pass@host:5432/db"
+    for mode in parse_qs(urlsplit(url).query).get("sslmode", []):
+        if mode not in SSL_MODES:
+            return f"sslmode={mode!r} is not one of {', '.join(SSL_MODES)}"
     return None
+
+
+SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ from aiohttp import web
 from core.sessions import RESET_REPLY
 from gateway import cli as cli_module
 from gateway.cli import GC_YOUNG_THRESHOLD, settle_heap
+from tests.conftest import PG_BASE
 from tests.fake_openai import FakeOpenAI, Text
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -571,3 +572,28 @@ def test_run_settles_the_heap_once_everything_else_has_started(
     assert cli_module.main(["run", "--config", str(config)]) == 0
     (app,) = served
     assert list(app.on_startup)[-1] is settle_heap  # after the runtime and the channels
+
+
+@pytest.mark.parametrize(
+    ("database", "reason"),
+    [
+        ("no_such_database_here", 'database "no_such_database_here" does not exist'),
+        ("test?search_path=no_such_schema", "no schema of the URL's search_path exists"),
+    ],
+)
+def test_a_postgresql_store_that_cannot_be_opened_names_store_url(
+    tmp_path: Path, database: str, reason: str
+) -> None:
+    """`run` exited 1 with "error: store: ..."; `check` called the same URL "config ok"."""
+    config = tmp_path / "sb.toml"
+    config.write_text(
+        f'[server]\nport = {free_port()}\n[store]\nurl = "{PG_BASE.rsplit("/", 1)[0]}/{database}"\n'
+    )
+    run = cli("run", "--config", str(config))
+    assert run.returncode == 2
+    assert "store.url" in run.stderr
+    assert reason in run.stderr
+    assert "Traceback" not in run.stderr
+    check = cli("check", "--config", str(config))
+    assert "store (PostgreSQL): FAILED" in check.stdout
+    assert reason in check.stdout

@@ -550,6 +550,7 @@ def test_store_url_sqlite_accepted(tmp_path: Path, url: str, path: str) -> None:
         "postgresql://postgres@127.0.0.1:99999/test",
         "postgresql://postgres@127.0.0.1:abc/test",
         "postgresql://postgres@[::1/test",
+        "postgresql://postgres@127.0.0.1/test?sslmode=bogus",  # check said ok, run refused it
     ],
 )
 def test_store_url_rejected(tmp_path: Path, url: str) -> None:
@@ -563,6 +564,7 @@ def test_store_url_rejected(tmp_path: Path, url: str) -> None:
         "postgresql://user@host/db",
         "postgres://user@host/db",
         "postgresql://app:pw@db.internal:6432/switchboard",
+        "postgresql://app@db.internal/switchboard?sslmode=verify-full&search_path=sb",
     ],
 )
 def test_store_url_postgres_accepted(tmp_path: Path, url: str) -> None:

@@ -88,6 +88,8 @@ class PostgresStore:
                 command_timeout=STATEMENT_TIMEOUT_S,
             )
             async with self._pool.acquire() as c, c.transaction():
+                if await c.fetchval("SELECT current_schema()") is None:
+                    raise StoreError("no schema of the URL's search_path exists; create it first")
                 await c.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
                 await c.execute(
                     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
@@ -98,6 +100,9 @@ class PostgresStore:
                         await c.execute(sql, timeout=MIGRATION_TIMEOUT_S)
                         await c.execute("INSERT INTO schema_version (version) VALUES ($1)", version)
         # ValueError, OverflowError: the driver could not read the URL (a bad port, sslmode…)
+        except StoreError:
+            await self.aclose()
+            raise
         except (ValueError, OverflowError, *DRIVER_ERRORS) as exc:
             await self.aclose()
             raise StoreError(f"cannot open PostgreSQL store: {exc}") from exc
