@@ -852,6 +852,29 @@ async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
         await b.aclose()
 
 
+async def test_postgres_deployments_in_other_schemas_never_wake_each_other() -> None:
+    """NOTIFY channels span the database: a deployment in another schema (?search_path=, as
+    the README advises) woke runners for every session of this one, which took leases and
+    wrote rows in its own tables."""
+    async with pg_schema() as url_a, pg_schema() as url_b:
+        a, a2, b = PostgresStore(url_a), PostgresStore(url_a), PostgresStore(url_b)
+        for s in (a, a2, b):
+            await s.start()
+        try:
+            heard_a: asyncio.Queue[str] = asyncio.Queue()
+            heard_b: asyncio.Queue[str] = asyncio.Queue()
+            await a.listen(heard_a.put_nowait)
+            await b.listen(heard_b.put_nowait)
+            await a2.put_inbound(S1, msg(text="for deployment a"), 10)
+            assert await asyncio.wait_for(heard_a.get(), 5) == S1
+            await asyncio.sleep(0.2)
+            assert heard_b.empty()
+            assert await b.sessions_with_work() == []
+        finally:
+            for s in (a, a2, b):
+                await s.aclose()
+
+
 async def test_postgres_a_lease_let_go_with_work_left_wakes_the_other_replicas(
     pg_url: str,
 ) -> None:

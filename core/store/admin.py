@@ -364,12 +364,11 @@ class _PostgresConsole(Console):
             return [tuple(r) for r in await c.fetch(_numbered(sql), *args)]
 
     async def _update(self, sql: str, args: tuple[Any, ...]) -> str | None:
-        from core.store.postgres import NOTIFY_CHANNEL
-
         async with self._store._conn() as c:
             session = await c.fetchval(_numbered(sql), *args)
             if session is not None:  # wake whichever replica picks the session up
-                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
+                channel = self._store.inbox_channel
+                await c.execute("SELECT pg_notify($1, $2)", channel, f"- {session}")
         return None if session is None else str(session)
 
     async def watermark(self) -> tuple[Any, ...]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import time
@@ -43,6 +44,8 @@ from core.store.postgres_schema import MIGRATIONS
 __all__ = ["PostgresStore"]
 
 log = logging.getLogger(__name__)
+# NOTIFY channels span the whole database: a deployment in a schema of its own (?search_path=)
+# gets its own pair, named after the schema; "public" keeps the plain names
 NOTIFY_CHANNEL = "switchboard_inbox"
 KV_CHANNEL = "switchboard_kv"  # payload: JSON [namespace, key] of a changed entry
 NOW = "extract(epoch from clock_timestamp())"
@@ -74,6 +77,7 @@ class PostgresStore:
         self._kv_watchers = KvWatchers()
         self._relisten: asyncio.Task[None] | None = None
         self._closed = False
+        self.inbox_channel, self.kv_channel = NOTIFY_CHANNEL, KV_CHANNEL
 
     # lifecycle
 
@@ -88,8 +92,10 @@ class PostgresStore:
                 command_timeout=STATEMENT_TIMEOUT_S,
             )
             async with self._pool.acquire() as c, c.transaction():
-                if await c.fetchval("SELECT current_schema()") is None:
+                schema = await c.fetchval("SELECT current_schema()")
+                if schema is None:
                     raise StoreError("no schema of the URL's search_path exists; create it first")
+                self.inbox_channel, self.kv_channel = _channels(schema)
                 await c.execute("SELECT pg_advisory_xact_lock($1)", MIGRATION_LOCK)
                 await c.execute(
                     "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
@@ -143,8 +149,8 @@ class PostgresStore:
     async def _connect_listener(self) -> None:
         try:
             conn = await asyncpg.connect(self._dsn)
-            await conn.add_listener(NOTIFY_CHANNEL, self._notified)
-            await conn.add_listener(KV_CHANNEL, self._kv_notified)
+            await conn.add_listener(self.inbox_channel, self._notified)
+            await conn.add_listener(self.kv_channel, self._kv_notified)
             conn.add_termination_listener(self._listener_lost)
         except DRIVER_ERRORS as exc:
             raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
@@ -224,7 +230,7 @@ class PostgresStore:
                 max_pending,
                 msg.received_at,
                 time.time(),
-                NOTIFY_CHANNEL,
+                self.inbox_channel,
                 f"{self._id} {session}",
             )
         return PutResult(row[0], InboxStatus(row[1]))
@@ -250,7 +256,7 @@ class PostgresStore:
         changed = await self._set_status(session, "held", "pending")
         if changed:
             async with self._conn() as c:
-                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
+                await c.execute("SELECT pg_notify($1, $2)", self.inbox_channel, f"- {session}")
         return changed
 
     async def release_unpaired(self, channel: str, sender: str) -> int:
@@ -262,7 +268,7 @@ class PostgresStore:
                 sender,
             )
             for session in {r[0] for r in rows}:
-                await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"- {session}")
+                await c.execute("SELECT pg_notify($1, $2)", self.inbox_channel, f"- {session}")
         return len(rows)
 
     async def _set_status(self, session: str, old: str, new: str) -> int:
@@ -516,7 +522,7 @@ class PostgresStore:
             await c.execute(
                 f"WITH change AS ({statement}) SELECT pg_notify(${n + 1}, ${n + 2})",
                 *args,
-                KV_CHANNEL,
+                self.kv_channel,
                 json.dumps([namespace, key]),
             )
 
@@ -621,9 +627,17 @@ class PostgresStore:
                 " OR EXISTS (SELECT 1 FROM outbox WHERE session = $1 AND status = 'pending')",
                 session,
                 owner,
-                NOTIFY_CHANNEL,
+                self.inbox_channel,
                 f"{self._id} {session}",
             )
+
+
+def _channels(schema: str) -> tuple[str, str]:
+    """The (inbox, key-value) NOTIFY channels of the deployment in `schema`."""
+    if schema == "public":
+        return NOTIFY_CHANNEL, KV_CHANNEL
+    tag = hashlib.sha256(schema.encode()).hexdigest()[:16]  # a channel name is at most 63 bytes
+    return f"{NOTIFY_CHANNEL}_{tag}", f"{KV_CHANNEL}_{tag}"
 
 
 async def _no_session_state(conn: asyncpg.Connection) -> None:
