@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from channels.telegram.rich import MAX_UNITS
 from channels.telegram.settings import TelegramSettings
 from core.models import InboundMessage, Sender, SessionKey
 from core.store import SqliteStore
-from tests.fake_openai import FakeOpenAI, Text, last_user_text
+from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_telegram import (
     ANA,
     GROUP,
@@ -283,6 +284,31 @@ async def test_group_preview_edits_once_a_second_rolls_over_and_becomes_the_repl
     assert everything[0].reply_to == mention["message"]["message_id"]
     assert everything[1].reply_to is None
     assert all(b - a >= 0.9 for a, b in itertools.pairwise(times))
+
+
+async def test_in_a_group_the_answer_to_a_button_press_becomes_its_preview(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The preview quoted nothing (a press is not typed) but the reply meant to quote the
+    bot's own question, so the preview was deleted and the answer sent anew."""
+    fake_openai.script(
+        ToolCalls([("send_buttons", json.dumps({"buttons": [{"label": "Yes", "value": "y"}]}))]),
+        Text("Shall I?"),
+    )
+    chat = GROUP["id"]
+    gw = await start(tg)
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot book it", chat=GROUP))
+    await until(lambda: tg.in_chat(chat) and tg.in_chat(chat)[0].buttons())
+    [question] = tg.in_chat(chat)
+    answer = " ".join(f"word{i}" for i in range(60))
+    fake_openai.responder = lambda body: Text(answer, chunk_delay_s=0.04)
+    await gw.deliver(tg.press(ANA, question, "y"))
+    await until(lambda: [s.text for s in tg.in_chat(chat)] == ["Shall I?", answer], timeout=15)
+    await asyncio.sleep(0.3)
+    everything = tg.in_chat(chat, include_deleted=True)
+    assert [s.text for s in everything] == ["Shall I?", answer]  # no preview deleted
+    assert everything[1].edits >= 1
+    assert everything[1].reply_to is None
 
 
 async def test_a_429_on_a_preview_edit_is_waited_out(
