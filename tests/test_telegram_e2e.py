@@ -157,6 +157,37 @@ async def test_a_redelivered_photo_keeps_the_file_its_message_points_to(
     assert await asyncio.to_thread(Path(attachment["path"]).read_bytes) == b"picture" * 50
 
 
+async def test_every_photo_of_an_album_addressed_in_a_group_reaches_the_agent(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """Only an album's first photo carries the caption that mentions the bot; the others
+    were dropped as not addressed to it."""
+    mention = "@switchboard_test_bot"
+    photos = [
+        [{**tg.add_file(bytes([i]) * 64, f"photos/album_{i}.jpg"), "width": 9, "height": 9}]
+        for i in range(3)
+    ]
+    first = tg.message(
+        ANA,
+        None,
+        chat=GROUP,
+        caption=f"{mention} which one is best?",
+        caption_entities=[{"type": "mention", "offset": 0, "length": len(mention)}],
+        photo=photos[0],
+        media_group_id="album-1",
+    )
+    rest = [
+        tg.message(ANA, None, chat=GROUP, photo=p, media_group_id="album-1") for p in photos[1:]
+    ]
+    for update in [first, *rest]:
+        await gw.deliver(update)
+    await gw.deliver(tg.message(ANA, None, chat=GROUP, photo=photos[0], media_group_id="other"))
+    await until(lambda: len(gw.inbox()) == 3)
+    await asyncio.sleep(0.3)
+    assert len(gw.inbox()) == 3  # an album nobody addressed to the bot is still not for it
+    assert all(len(m["attachments"]) == 1 for _, m in gw.inbox())
+
+
 async def test_button_round_trip(gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI) -> None:
     long_value = "confirm-order-2025-000123:" + "table-for-four-at-nine-by-the-window" * 2
     buttons = [{"label": "Yes", "value": "yes"}, {"label": "Later", "value": long_value}]

@@ -44,6 +44,8 @@ IDENTITY_NS = "telegram_identity"  # bot id → @username learnt from getMe
 POLL_MEDIA_TIMEOUT_S = 60.0
 IDENTIFY_WITHIN_S = 2.0  # getMe, asked again when a group message comes before it succeeded
 NO_IDENTITY = "no_identity"
+ALBUMS_NS = "telegram_albums"  # media_group_id → "1": an album addressed to the bot
+ALBUMS_MAX = 10_000
 ANSWERED_MAX = 10_000  # button presses answered lately: a redelivered one is not answered again
 OUTPUT_RULES = (
     "Telegram shows Markdown: **bold**, *italic*, ~~strikethrough~~, `code`, fenced code "
@@ -73,6 +75,7 @@ class TelegramAdapter:
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=10.0))
         self._tasks: set[asyncio.Task[None]] = set()
         self._answered: LRUCache[str, None] = LRUCache(ANSWERED_MAX)
+        self._albums: LRUCache[str, None] = LRUCache(ALBUMS_MAX)  # media groups known for us
         self._closed = False
 
     # HttpRoutes
@@ -140,7 +143,13 @@ class TelegramAdapter:
         """Normalize, fetch media, store (deduped), then acknowledge a button press."""
         if self._me.username is None and _from_a_group(update):
             await self._identify()  # whether it mentions us, or its /command@bot is for us
-        incoming = normalize(update, self._me, self._opts)
+        msg = update.message
+        album = msg.media_group_id if msg is not None and _from_a_group(update) else None
+        known = album is not None and await self._album_for_us(album)
+        incoming = normalize(update, self._me, self._opts, addressed=known)
+        if album is not None and incoming is not None and not known:
+            await self._ctx.store.kv_set(ALBUMS_NS, album, "1")  # its other photos are too
+            self._albums[album] = None
         if incoming is not None:
             await self._store(incoming, media_timeout_s)
         if update.callback_query is not None and update.callback_query.id not in self._answered:
@@ -150,6 +159,16 @@ class TelegramAdapter:
             query_id = update.callback_query.id
             self._answered[query_id] = None
             self._spawn(self._answer(query_id), "telegram callback answer")
+
+    async def _album_for_us(self, album: str) -> bool:
+        """Whether an earlier photo of this album was addressed to the bot (in a group only
+        the first one carries the caption that mentions it)."""
+        if album in self._albums:
+            return True
+        if await self._ctx.store.kv_get(ALBUMS_NS, album) is None:
+            return False
+        self._albums[album] = None
+        return True
 
     async def _store(self, incoming: Incoming, media_timeout_s: float) -> None:
         msg = incoming.message

@@ -76,6 +76,7 @@ class Message(_Model):
     location: dict[str, object] | None = None
     contact: dict[str, object] | None = None
     reply_markup: dict[str, object] | None = None
+    media_group_id: str | None = None  # the photos of one album, each its own update
 
 
 class Callback(_Model):
@@ -120,8 +121,12 @@ def message_id_of(platform_id: str) -> int | None:
     return int(mid) if mid.isdigit() else None
 
 
-def normalize(update: Update, me: Identity, opts: ParseOptions) -> Incoming | None:
-    """The update as a message for the agent, or None when it is not for the bot."""
+def normalize(
+    update: Update, me: Identity, opts: ParseOptions, *, addressed: bool = False
+) -> Incoming | None:
+    """The update as a message for the agent, or None when it is not for the bot. `addressed`:
+    known to be for the bot whatever its text says (the rest of an album whose caption, on its
+    first photo only, mentioned the bot)."""
     if update.callback_query is not None:
         return _button(update.update_id, update.callback_query, me)
     msg, kind = update.message, MessageKind.MESSAGE
@@ -137,7 +142,12 @@ def normalize(update: Update, me: Identity, opts: ParseOptions) -> Incoming | No
         if target is not None and _ours(target, me):
             text = text[: m.end(1)] + text[m.end() :]  # "/help@bot x" → "/help x"
     group = msg.chat.type in ("group", "supergroup")
-    if group and opts.group_mode == "mention" and not _addressed(msg, text, entities, me, target):
+    if (
+        group
+        and opts.group_mode == "mention"
+        and not addressed
+        and not _addressed(msg, text, entities, me, target)
+    ):
         return None
     if command is not None and not _ours(target, me):
         return None
