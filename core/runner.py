@@ -64,13 +64,14 @@ class SessionRunner:
             return
         self.last_arrival = time.monotonic()
         self.arrival.set()
+        if self.policy.queue_mode is QueueMode.INTERRUPT:
+            self.discard_turn()
+
+    def discard_turn(self) -> None:
+        """Cancel the turn running now, unless it is already committing: its reply is never
+        sent and its messages stay pending."""
         turn = self.turn_task
-        if (
-            self.policy.queue_mode is QueueMode.INTERRUPT
-            and turn is not None
-            and not turn.done()
-            and not self.committing
-        ):
+        if turn is not None and not turn.done() and not self.committing:
             turn.cancel()
 
     async def _main(self) -> None:

@@ -259,11 +259,15 @@ class SessionManager:
         return parts
 
     async def pause(self, key: SessionKey, reason: str) -> None:
-        """A person takes over: the bot starts no run here until hand_back; messages are kept."""
+        """A person takes over: the bot starts no run here until hand_back, and the answer it
+        is writing now is dropped (a turn already committing still goes out, and keeps the
+        pause); messages are kept for the operator."""
         session = await self.store.get_session(str(key))
         state = dict(session.state)
         state["handoff"] = {"reason": reason, "at": time.time(), "run": None}
         await self.store.set_state(str(key), state)
+        if (runner := self._runners.get(str(key))) is not None:
+            runner.discard_turn()
 
     async def hand_back(self, key: SessionKey) -> int:
         """The operator gives the session back to the bot; held messages are answered in order."""

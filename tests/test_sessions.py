@@ -608,6 +608,27 @@ async def test_the_sweeper_outlives_an_error_it_did_not_expect(
     assert rig.outlet.texts() == ["echo: left behind"]
 
 
+async def test_an_operator_taking_over_mid_run_silences_the_bot_until_hand_back(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The run going on when the operator paused sent its answer anyway, after the
+    operator's own reply."""
+    rig: Rig = await make_rig(delay_s=0.5)
+    await rig.manager.submit(msg("I want to cancel"))
+    async with asyncio.timeout(5):
+        while not rig.model.requests:
+            await asyncio.sleep(0.01)
+    await rig.manager.pause(key(), "operator")
+    await rig.manager.submit(msg("hello?"))
+    await settle(rig)
+    await asyncio.sleep(0.7)  # the cancelled answer would have come by now
+    assert rig.outlet.texts() == []
+    assert "handoff" in (await rig.store.get_session(str(key()))).state
+    assert await rig.manager.hand_back(key()) == 2
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: I want to cancel | hello?"]
+
+
 async def test_permanent_send_failure_does_not_block_later_replies(
     make_rig: Callable[..., Any],
 ) -> None:

@@ -253,6 +253,18 @@ async def test_complete_turn_commits_everything(store: Store, tmp_path: Path) ->
     ]
 
 
+async def test_a_turn_keeps_the_handoff_an_operator_set_while_it_ran(store: Store) -> None:
+    """The turn's new state is built from its copy of the old one; written as it was, it
+    undid the operator's pause and the bot answered the customer again."""
+    put = await store.put_inbound(S1, msg(text="q"), 100)
+    await store.set_state(S1, {"plan": "old"})
+    assert await store.acquire_lease(S1, "w1", 30.0)
+    pause = {"reason": "operator", "at": 1.0, "run": None}
+    await store.set_state(S1, {"plan": "old", "handoff": pause})  # the operator, meanwhile
+    await store.complete_turn("w1", run_for(S1, [put.id]), "q", [], {"plan": "new"})
+    assert (await store.get_session(S1)).state == {"plan": "new", "handoff": pause}
+
+
 async def test_complete_turn_without_the_lease_raises_and_writes_nothing(
     store: Store, tmp_path: Path
 ) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "TranscriptEntry",
     "delivery_rank",
     "history_entries",
+    "keep_handoff",
     "outbound_parts",
     "replies_json",
     "run_json",
@@ -147,6 +148,20 @@ class RunRecord:
     error: str | None = None
     inbox_ids: list[int] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+def keep_handoff(state: dict[str, Any], stored: str | None) -> str:
+    """A turn's new session state, as JSON, keeping a handoff that an operator set while the
+    turn ran (the turn's state is a copy from before: written as it is, it undid the pause,
+    and the bot answered the customer again)."""
+    try:
+        current = json.loads(stored or "{}")
+    except ValueError:
+        current = {}
+    handoff = current.get("handoff") if isinstance(current, dict) else None
+    if handoff and not state.get("handoff"):
+        state = {**state, "handoff": handoff}
+    return json.dumps(state)
 
 
 def replies_json(replies: list[Reply]) -> list[tuple[Reply, str]]:

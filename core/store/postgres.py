@@ -34,6 +34,7 @@ from core.store.base import (
     TranscriptEntry,
     delivery_rank,
     history_entries,
+    keep_handoff,
     outbound_parts,
     replies_json,
     run_json,
@@ -367,15 +368,15 @@ class PostgresStore:
     ) -> list[OutboundPart]:
         async with self._conn(tx=True) as c:
             row = await c.fetchrow(
-                "SELECT lease_owner, epoch FROM sessions WHERE key = $1 FOR UPDATE", run.session
+                "SELECT lease_owner, epoch, state FROM sessions WHERE key = $1 FOR UPDATE",
+                run.session,
             )
             if row is None or row[0] != owner:
                 raise StoreError(f"lease on {run.session} is no longer held")
             epoch, now = row[1], time.time()
             if state is not None:
-                await c.execute(
-                    "UPDATE sessions SET state = $1 WHERE key = $2", json.dumps(state), run.session
-                )
+                kept = keep_handoff(state, row[2])
+                await c.execute("UPDATE sessions SET state = $1 WHERE key = $2", kept, run.session)
             await c.execute(
                 "UPDATE inbox SET status = 'done', run_id = $1 WHERE id = ANY($2::bigint[])"
                 " AND status = 'pending'",

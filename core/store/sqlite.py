@@ -53,6 +53,7 @@ from core.store.base import (
     TranscriptEntry,
     delivery_rank,
     history_entries,
+    keep_handoff,
     outbound_parts,
     owner_is_gone,
     replies_json,
@@ -518,15 +519,14 @@ class SqliteStore:
 
         def op(c: sqlite3.Connection) -> list[OutboundPart]:
             row = _fetchone(
-                c, "SELECT lease_owner, epoch FROM sessions WHERE key = ?", (run.session,)
+                c, "SELECT lease_owner, epoch, state FROM sessions WHERE key = ?", (run.session,)
             )
             if row is None or row[0] != owner:
                 raise _LeaseLost(run.session)
             epoch, now = row[1], time.time()
             if state is not None:
-                c.execute(
-                    "UPDATE sessions SET state = ? WHERE key = ?", (json.dumps(state), run.session)
-                )
+                kept = keep_handoff(state, row[2])
+                c.execute("UPDATE sessions SET state = ? WHERE key = ?", (kept, run.session))
             marks = ",".join("?" * len(run.inbox_ids))
             c.execute(
                 f"UPDATE inbox SET status = 'done', run_id = ? WHERE id IN ({marks})"
