@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +23,7 @@ __all__ = [
     "error_middleware",
     "json_error",
     "page_csp",
+    "read_form",
     "read_json",
     "same_origin",
 ]
@@ -88,6 +89,17 @@ async def read_json(request: web.Request) -> Any:
         raise web.HTTPBadRequest(text=f"body is not valid JSON: {exc}") from None
     except RecursionError:
         raise web.HTTPBadRequest(text="body is nested too deeply") from None
+
+
+async def read_form(request: web.Request) -> Mapping[str, Any]:
+    """The body as a form (urlencoded or multipart), or HTTP 400/413 with a reason."""
+    try:
+        return await request.post()
+    except web.HTTPException:
+        raise
+    except (ValueError, LookupError, HttpProcessingError) as exc:
+        # a multipart body without its boundary or cut short, a charset nobody knows
+        raise web.HTTPBadRequest(text=f"body is not a readable form ({exc})"[:300]) from None
 
 
 def same_origin(request: web.Request, public_url: str | None) -> bool:

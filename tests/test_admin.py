@@ -280,6 +280,26 @@ def test_cookies_expire_and_failed_logins_are_throttled() -> None:
     assert not throttle.blocked("1.2.3.4", now=11)
 
 
+@pytest.mark.parametrize(
+    ("content_type", "body"),
+    [
+        ("multipart/form-data; boundary=x", b"--x\r\nbroken"),
+        ("multipart/form-data", b"token=abc"),  # no boundary
+        ("multipart/form-data; boundary=x", b"garbage without its boundary"),
+        ("multipart/form-data; boundary=x", b'--x\r\nContent-Disposition: form-data; name="t"'),
+        ("application/x-www-form-urlencoded; charset=bogus", b"token=abc"),
+    ],
+)
+async def test_a_login_form_that_cannot_be_read_gets_400(
+    tmp_path: Path, content_type: str, body: bytes
+) -> None:
+    """Anyone could make the login answer 500 (and log a traceback) with a broken form."""
+    async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
+        r = await c.post("/admin/login", content=body, headers={"Content-Type": content_type})
+        assert r.status_code == 400
+        assert "form" in r.json()["error"]
+
+
 async def test_too_many_wrong_logins_get_429(tmp_path: Path) -> None:
     async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
         for _ in range(10):

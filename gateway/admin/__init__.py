@@ -26,7 +26,7 @@ from gateway.admin import api
 from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
-from gateway.http import json_error, read_json
+from gateway.http import json_error, read_form, read_json
 from gateway.keys import SETTINGS
 
 __all__ = ["add_routes"]
@@ -94,7 +94,7 @@ async def login(request: web.Request) -> web.StreamResponse:
         body = await read_json(request)
         token = body.get("token") if isinstance(body, dict) else None
     else:
-        token = (await request.post()).get("token")
+        token = (await read_form(request)).get("token")
     if not isinstance(token, str) or not state.auth.token_ok(token.strip()):
         state.auth.throttle.failed(client)
         log.warning("admin login refused from %s", client)
