@@ -543,13 +543,15 @@ async def test_agent_handoff_shows_as_paused_with_its_reason(
 async def test_usage_per_day_channel_agent_and_quotas(
     tmp_path: Path, fake_openai: FakeOpenAI, store_url: str
 ) -> None:
-    extra = "[quotas]\nuser_daily_credits = 5\n"
+    extra = "[quotas]\nuser_daily_credits = 2\n"
     path = config(tmp_path, model_url=fake_openai.url, store_url=store_url, extra=extra)
     async with gateway(path) as gw, gw.admin() as admin, chat_browser(gw) as browser:
         await say(browser, "one")
         await wait_replies(browser, 1)
         await say(browser, "two")
         await wait_replies(browser, 2)
+        await say(browser, "three")  # past the quota: refused, no run of the model
+        await wait_replies(browser, 3)
         sender = browser.cookies["switchboard_chat"]
         data = (await admin.get("/admin/api/usage", params={"days": 7})).json()
     today = time.strftime("%Y-%m-%d", time.gmtime())
@@ -560,7 +562,7 @@ async def test_usage_per_day_channel_agent_and_quotas(
             "day": today,
             "agent": "default",
             "channel": "web",
-            "messages": 2,
+            "messages": 3,
             "runs": 2,
             "input_tokens": 200,
             "output_tokens": 20,
@@ -568,9 +570,9 @@ async def test_usage_per_day_channel_agent_and_quotas(
         }
     ]
     assert data["quotas"] == [
-        {"day": today, "scope": "user", "key": f"web:default:{sender}", "used": 2.0, "limit": 5.0}
+        {"day": today, "scope": "user", "key": f"web:default:{sender}", "used": 2.0, "limit": 2.0}
     ]
-    assert data["limits"] == {"user": 5.0, "channel": 0.0}
+    assert data["limits"] == {"user": 2.0, "channel": 0.0}
 
 
 async def test_dead_letters_retry_delivers(

@@ -255,7 +255,8 @@ class Console(ABC):
         return [_run(r) for r in reversed(rows)]
 
     async def usage(self, since: float) -> list[UsageRow]:
-        """Messages, runs, tokens and credits per UTC day, agent and channel."""
+        """Messages, runs, tokens and credits per UTC day, agent and channel. A command's reply
+        and a quota's refusal are no runs: neither asked the model."""
         d = self.dialect
         messages = await self._fetch(
             f"SELECT {d.day.format(col='received_at')}, {d.agent}, channel, count(*)"
@@ -265,7 +266,7 @@ class Console(ABC):
         runs = await self._fetch(
             f"SELECT {d.day.format(col='started_at')}, {d.agent}, {d.channel}, count(*),"
             " sum(input_tokens), sum(output_tokens), sum(credits) FROM runs"
-            " WHERE started_at >= ? AND status != 'command' GROUP BY 1, 2, 3",
+            " WHERE started_at >= ? AND status NOT IN ('command', 'quota') GROUP BY 1, 2, 3",
             (since,),
         )
         return _usage(messages, runs)
