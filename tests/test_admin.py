@@ -734,6 +734,21 @@ def _msg(key: SessionKey, text: str, pid: str, name: str | None = None) -> Inbou
     )
 
 
+async def test_sessions_waiting_for_an_operator_head_the_list_however_old(
+    store: Store,
+) -> None:
+    """The list held the 200 most recently active sessions: behind 10,000 later ones, a paused
+    session, and its customer's held messages, could not be found."""
+    keys = [SessionKey("default", "web", "default", f"conv-{i}") for i in range(6)]
+    for i, k in enumerate(keys):
+        await store.put_inbound(str(k), _msg(k, f"m{i}", f"p{i}"), 100)
+        await asyncio.sleep(0.01)
+    await store.set_state(str(keys[0]), {"handoff": {"reason": "refund", "at": 1.0, "run": None}})
+    assert await store.hold_pending(str(keys[1])) == 1
+    rows = await console(store).sessions(3)
+    assert [r.key for r in rows] == [str(keys[1]), str(keys[0]), str(keys[5])]
+
+
 async def test_console_queries(store: Store) -> None:
     q = console(store)
     start = await q.watermark()

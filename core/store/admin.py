@@ -165,7 +165,8 @@ SELECT k.session, s.state, s.reset_at, s.lease_owner, i.last_in, o.last_out, i.m
   CASE WHEN s.lease_owner IS NOT NULL AND s.lease_until > {{now}} THEN 1 ELSE 0 END
 FROM k LEFT JOIN i ON i.session = k.session LEFT JOIN o ON o.session = k.session
 LEFT JOIN sessions s ON s.key = k.session
-ORDER BY CASE WHEN coalesce(i.last_in, 0) > coalesce(o.last_out, 0) THEN i.last_in
+ORDER BY CASE WHEN coalesce(i.held, 0) > 0 OR s.state LIKE '%"handoff"%' THEN 0 ELSE 1 END,
+  CASE WHEN coalesce(i.last_in, 0) > coalesce(o.last_out, 0) THEN i.last_in
   ELSE coalesce(o.last_out, 0) END DESC, k.session LIMIT ?
 """
 
@@ -205,7 +206,9 @@ class Console(ABC):
         """A cheap value that changes when messages arrive, runs commit or parts are sent."""
 
     async def sessions(self, limit: int) -> list[SessionRow]:
-        """The most recently active sessions, newest first."""
+        """The sessions waiting for an operator (paused, or holding messages), then the most
+        recently active, newest first: among 10,000 later ones, a paused session fell off the
+        list, and its customer's held messages waited with nobody seeing them."""
         return await self._sessions("", (limit,))
 
     async def session(self, key: str) -> SessionRow | None:
