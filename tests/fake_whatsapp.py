@@ -81,6 +81,7 @@ class FakeGraph:
     )
     media: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # id → (bytes, mime)
     media_delay_s: float = 0.0
+    lookup_delay_s: float = 0.0  # before answering a business number's lookup
     announced_size: int | None = None  # lie about file_size in the media lookup
     sent: list[dict[str, Any]] = field(default_factory=list)  # accepted messages, with "_number"
     reads: list[dict[str, Any]] = field(default_factory=list)  # mark-as-read calls
@@ -156,6 +157,7 @@ class FakeGraph:
             return _error(190, "Invalid OAuth access token.", 401)
         oid = request.match_info["object_id"]
         if oid in self.numbers:
+            await asyncio.sleep(self.lookup_delay_s)
             return web.json_response(
                 {"display_phone_number": self.numbers[oid], "verified_name": "Test", "id": oid}
             )

@@ -13,7 +13,7 @@ import pytest_asyncio
 from channels.whatsapp.client import GraphClient, graph_error
 from core.errors import ChannelError
 from tests.fake_openai import FakeOpenAI
-from tests.fake_whatsapp import TOKEN, Failure, FakeGraph, running_gateway
+from tests.fake_whatsapp import TOKEN, Failure, FakeGraph, payload, running_gateway, until
 
 
 def body(code: int) -> dict[str, object]:
@@ -112,7 +112,7 @@ async def test_a_bad_token_is_reported_at_start(
     await graph.start()
     try:
         async with running_gateway(tmp_path, graph, fake_openai.url):
-            pass
+            await until(lambda: "number 1002 lookup failed" in caplog.text)
     finally:
         await graph.aclose()
     assert "WhatsApp access token rejected" in caplog.text
@@ -124,9 +124,22 @@ async def test_numbers_are_looked_up_at_start(
 ) -> None:
     caplog.set_level(logging.INFO)
     async with running_gateway(tmp_path, graph, fake_openai.url):
-        pass
+        await until(lambda: "WhatsApp number 1002 ready" in caplog.text)
     assert "WhatsApp number 1001 ready: +1 555 000 1001" in caplog.text
     assert "WhatsApp number 1002 ready: +1 555 000 1002" in caplog.text
+
+
+async def test_a_slow_number_lookup_does_not_keep_webhooks_waiting(
+    tmp_path: Path, graph: FakeGraph, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lookups ran inside start, before the server listened: with the Graph API slow,
+    nothing (webhooks, /healthz) was served for timeout_s per number."""
+    caplog.set_level(logging.INFO)
+    graph.lookup_delay_s = 30.0
+    async with running_gateway(tmp_path, graph, fake_openai.url) as gw:
+        assert (await gw.client.get("/healthz")).status_code == 200
+        assert (await gw.notify(payload("text"))).status_code == 200
+        assert "ready" not in caplog.text  # the lookups still wait
 
 
 async def test_media_is_fetched_only_from_allowed_hosts() -> None:
@@ -139,5 +152,10 @@ async def test_media_is_fetched_only_from_allowed_hosts() -> None:
             with pytest.raises(ChannelError) as err:
                 await graph.download(url, 100)
             assert err.value.code == "host"
+        # a URL the parser refuses was a ValueError, a 500 that lost the whole notification
+        for url in ("https://[lookaside.fbsbx.com/x", "https://lookaside.fbsbx.com:99999/x"):
+            with pytest.raises(ChannelError) as err:
+                await graph.download(url, 100)
+            assert err.value.code == "bad_response"
     finally:
         await graph.aclose()

@@ -89,9 +89,13 @@ class WhatsAppAdapter:
         return [web.get(PATH, self.handshake), web.post(PATH, self.webhook)]
 
     async def start(self) -> None:
-        """Hear about menus other replicas show; look up each business number once, so a bad
-        token or number id shows at start."""
+        """Hear about menus other replicas show; look up each business number once, in the
+        background (a slow Graph API must not keep webhooks and /healthz waiting), so a bad
+        token or number id shows in the log at start."""
         await self._menus.start()
+        self._spawn(self._look_up_numbers())
+
+    async def _look_up_numbers(self) -> None:
         for number in sorted(self._numbers):
             try:
                 info = await self._graph.lookup(number)

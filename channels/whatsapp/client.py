@@ -113,7 +113,11 @@ class GraphClient:
 
     async def download(self, url: str, cap: int) -> bytes:
         """The media bytes (the bearer token is required here too), at most `cap` of them."""
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - reading it checks it
+        except ValueError:  # e.g. "https://[host/x": an answer nobody can fetch
+            raise ChannelError("media URL is not a valid URL", code="bad_response") from None
         if parts.scheme not in ("https", "http") or not host_allowed(
             parts.hostname or "", self._media_hosts
         ):
