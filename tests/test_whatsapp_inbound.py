@@ -245,6 +245,17 @@ async def test_unsupported_gets_a_polite_notice_and_no_run(
     assert fake_openai.requests == []
 
 
+async def test_copies_of_an_unsupported_message_at_once_get_one_notice(gw: Gateway) -> None:
+    """Meta redelivers while a slow acknowledgement is still on its way: each copy checked the
+    "told already" flag before any had set it, and the customer got one apology per copy."""
+    data = payload("unsupported")
+    answers = await asyncio.gather(*(gw.notify(data) for _ in range(8)))
+    assert {a.status_code for a in answers} == {200}
+    await until(lambda: gw.graph.texts(USER))
+    await asyncio.sleep(0.3)
+    assert gw.graph.texts(USER) == [DEFAULT_UNSUPPORTED_REPLY]
+
+
 async def test_a_blocked_sender_gets_no_notice_for_an_unsupported_message(
     tmp_path: Path, graph: FakeGraph, fake_openai: FakeOpenAI
 ) -> None:

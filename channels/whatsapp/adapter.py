@@ -80,6 +80,7 @@ class WhatsAppAdapter:
         self._menus = Menus(ctx.store)
         self._sender = Sender(settings, ctx, self._graph, self._menus)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._notifying: set[str] = set()  # unsupported messages being answered now
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
 
@@ -172,13 +173,21 @@ class WhatsAppAdapter:
 
     async def _unsupported(self, event: Unsupported) -> None:
         msg, store = event.message, self._ctx.store
-        key = self._key(msg)
-        if await store.kv_get(NS_NOTIFIED, _rid(msg)):
+        key, rid = self._key(msg), _rid(msg)
+        # copies delivered at once (a redelivery while a slow acknowledgement is on its way)
+        # would each find the flag unset: the first one in tells the customer
+        if rid in self._notifying:
             return
-        log.info("unsupported %s message", event.what, extra=_extra(key))
-        await store.kv_set(NS_SEEN, str(key), str(msg.received_at))
-        await self._ctx.notify(key, self._s.unsupported_reply, about=msg)
-        await store.kv_set(NS_NOTIFIED, _rid(msg), "1")
+        self._notifying.add(rid)
+        try:
+            if await store.kv_get(NS_NOTIFIED, rid):
+                return
+            log.info("unsupported %s message", event.what, extra=_extra(key))
+            await store.kv_set(NS_SEEN, str(key), str(msg.received_at))
+            await self._ctx.notify(key, self._s.unsupported_reply, about=msg)
+            await store.kv_set(NS_NOTIFIED, rid, "1")
+        finally:
+            self._notifying.discard(rid)
 
     async def _status(self, report: StatusReport) -> None:
         known = await self._ctx.store.update_delivery(
