@@ -218,3 +218,20 @@ async def test_a_group_message_before_the_bot_knows_its_username_is_retried_not_
         await until(lambda: len(tg.in_chat(GROUP["id"])) == 1)
         await asyncio.sleep(0.3)
         assert [m["text"] for _, m in gw.inbox()] == ["are you there?"]
+
+
+async def test_a_text_right_after_a_photo_is_not_answered_before_it(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The photo's update was stored only once its file had downloaded, so the text sent
+    after it was stored, and answered without the photo, first."""
+    tg.file_delay_s = 0.6
+    photo = [{**tg.add_file(b"picture", "photos/first.jpg"), "width": 9, "height": 9}]
+    config = write_config(tmp_path, tg, fake_openai.url, extra="media_timeout_s = 2\n")
+    async with running_gateway(config, tg) as gw:
+        sent = asyncio.create_task(gw.post(tg.message(ANA, None, caption="look", photo=photo)))
+        await asyncio.sleep(0.2)
+        assert (await gw.post(tg.message(ANA, "what is in it?"))).status_code == 200
+        assert (await sent).status_code == 200
+        await until(lambda: "in it?" in "".join(last_user_text(b) for b in fake_openai.requests))
+    assert "[attachment image" in last_user_text(fake_openai.requests[0])

@@ -173,6 +173,22 @@ async def test_slow_media_does_not_hold_the_webhook(gw: Gateway, fake_openai: Fa
     assert "not downloaded (took too long)" in last_user_text(fake_openai.requests[0])
 
 
+async def test_a_text_right_after_a_photo_is_not_answered_before_it(
+    gw: Gateway, fake_openai: FakeOpenAI
+) -> None:
+    """The photo's notification was stored only once its file had downloaded, so the text
+    sent after it was stored, and answered without the photo, first."""
+    gw.graph.media.update(MEDIA)
+    gw.graph.media_delay_s = 0.6  # within media_timeout_s
+    photo = asyncio.create_task(gw.notify(payload("image")))
+    await asyncio.sleep(0.2)
+    text = text_message("what is in this photo?", user=USER, mid="wamid.after-the-photo")
+    assert (await gw.notify(text)).status_code == 200
+    assert (await photo).status_code == 200
+    await until(lambda: "photo?" in "".join(last_user_text(b) for b in fake_openai.requests))
+    assert "[attachment image" in last_user_text(fake_openai.requests[0])
+
+
 async def test_three_messages_in_one_payload(gw: Gateway, fake_openai: FakeOpenAI) -> None:
     assert (await gw.notify(payload("three_messages"))).status_code == 200
     await until(lambda: "third" in "".join(gw.graph.texts(USER)))

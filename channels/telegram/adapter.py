@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from channels.base import ChannelContext, webhook_ok
 from channels.mend import mend_json, mend_strings
+from channels.order import Turns
 from channels.telegram.client import TelegramClient
 from channels.telegram.live import Live
 from channels.telegram.media import fetch_all
@@ -76,6 +77,7 @@ class TelegramAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._answered: LRUCache[str, None] = LRUCache(ANSWERED_MAX)
         self._albums: LRUCache[str, None] = LRUCache(ALBUMS_MAX)  # media groups known for us
+        self._turns = Turns()
         self._closed = False
 
     # HttpRoutes
@@ -151,7 +153,9 @@ class TelegramAdapter:
             await self._ctx.store.kv_set(ALBUMS_NS, album, "1")  # its other photos are too
             self._albums[album] = None
         if incoming is not None:
-            await self._store(incoming, media_timeout_s)
+            # a text sent just after a photo must not be stored (and answered) before it
+            async with self._turns.of([incoming.message.conversation]):
+                await self._store(incoming, media_timeout_s)
         if update.callback_query is not None and update.callback_query.id not in self._answered:
             # Telegram takes one answer per press; a redelivery (the first acknowledgement was
             # lost) is stored once by the inbox and answered once here. After a restart it is

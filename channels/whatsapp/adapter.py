@@ -24,6 +24,7 @@ from pydantic import SecretStr
 
 from channels.base import BadInput, ChannelContext, webhook_ok
 from channels.mend import mend_json
+from channels.order import Turns
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.media import fetch_all
 from channels.whatsapp.menus import Menus
@@ -31,6 +32,7 @@ from channels.whatsapp.outbound import match_menu
 from channels.whatsapp.parse import (
     CHANNEL,
     Incoming,
+    MediaRef,
     StatusReport,
     Unsupported,
     parse_json,
@@ -81,6 +83,7 @@ class WhatsAppAdapter:
         self._sender = Sender(settings, ctx, self._graph, self._menus)
         self._tasks: set[asyncio.Task[None]] = set()
         self._notifying: set[str] = set()  # unsupported messages being answered now
+        self._turns = Turns()
         self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
 
@@ -144,6 +147,18 @@ class WhatsAppAdapter:
             for e in events
             if isinstance(e, Incoming) and _rid(e.message) not in self._recent
         ]
+        if fresh:
+            # a text sent just after a photo must not be stored (and answered) before it
+            async with self._turns.of(f"{m.account}/{m.conversation}" for m, _ in fresh):
+                await self._store(fresh)
+        for event in events:
+            if isinstance(event, Unsupported):
+                await self._unsupported(event)
+            elif isinstance(event, StatusReport):
+                await self._status(event)
+        return webhook_ok()
+
+    async def _store(self, fresh: list[tuple[InboundMessage, MediaRef | None]]) -> None:
         for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
             key = self._key(msg)
             session = str(key)
@@ -151,12 +166,6 @@ class WhatsAppAdapter:
             self._recent[_rid(msg)] = None
             if stored.status is not InboxStatus.REFUSED:
                 self._sender.heard(session, msg.received_at)
-        for event in events:
-            if isinstance(event, Unsupported):
-                await self._unsupported(event)
-            elif isinstance(event, StatusReport):
-                await self._status(event)
-        return webhook_ok()
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:
         """A typed number or title answering the text menu we last sent becomes that button."""
