@@ -126,6 +126,20 @@ def test_reaction_is_a_message_and_a_removed_one_is_ignored() -> None:
     assert events("reaction_removed") == []
 
 
+def test_an_order_from_the_catalog_reaches_the_agent_item_by_item() -> None:
+    """Orders, form answers and the first opening of a chat got "I can't read that kind of
+    message", and their content was thrown away."""
+    msg = one("order").message
+    assert msg.text == (
+        "[placed an order: 2 x helmet-m at 39.5 USD; 1 x lock-u at 25 USD]\nPlease gift-wrap it"
+    )
+    flow = one("flow_reply").message
+    assert flow.text.startswith("[filled in the form flow: {")
+    assert '"service": "tune-up"' in flow.text
+    welcome = one("request_welcome").message
+    assert (welcome.kind, welcome.command) == (MessageKind.COMMAND, "start")
+
+
 def test_unsupported_is_its_own_event() -> None:
     (event,) = events("unsupported")
     assert isinstance(event, Unsupported)

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 CHANNEL = "whatsapp"
 MEDIA_TYPES = ("image", "audio", "video", "document", "sticker")
 WABA = "whatsapp_business_account"  # the object of every notification we read
+FLOW_TEXT_MAX = 4000  # characters of a form's answers the agent is shown
 IGNORED_TYPES = ("revoke", "system")  # a deleted message, a number change: nothing to answer
 _COMMAND = re.compile(r"/([A-Za-z][A-Za-z0-9_]{0,31})(?:\s|$)")
 
@@ -127,10 +128,30 @@ class _Choice(_M):
     title: str = ""
 
 
+class _Flow(_M):
+    name: str | None = None
+    body: str | None = None
+    response_json: str | None = None
+
+
 class _Interactive(_M):
     type: str = ""
     button_reply: _Choice | None = None
     list_reply: _Choice | None = None
+    nfm_reply: _Flow | None = None  # the answers to a WhatsApp Flow (a form)
+
+
+class _OrderItem(_M):
+    product_retailer_id: str = ""
+    quantity: str | None = None
+    item_price: str | None = None
+    currency: str | None = None
+
+
+class _Order(_M):
+    catalog_id: str | None = None
+    text: str | None = None
+    product_items: list[_OrderItem] = Field(default_factory=list)
 
 
 class _Button(_M):
@@ -168,6 +189,7 @@ class _Message(_M):
     button: _Button | None = None
     reaction: _Reaction | None = None
     edit: _Edit | None = None
+    order: _Order | None = None
 
 
 class _StatusError(_M):
@@ -388,6 +410,13 @@ def _content(m: _Message, base: _Fields) -> Event | None:
         choice = m.interactive.button_reply or m.interactive.list_reply
         if choice is not None:
             return Incoming(_choice(base, choice.id, choice.title))
+        if (flow := m.interactive.nfm_reply) is not None:
+            answers = (flow.response_json or flow.body or "").strip()[:FLOW_TEXT_MAX]
+            return Incoming(_with(base, text=f"[filled in the form {flow.name or ''}: {answers}]"))
+    if kind == "order" and m.order is not None:
+        return Incoming(_with(base, text=_order_text(m.order)))
+    if kind == "request_welcome":  # the person opened the chat for the first time: greet them
+        return Incoming(_with(base, text="/start", kind=MessageKind.COMMAND, command="start"))
     if kind == "button" and m.button is not None:
         return Incoming(_choice(base, m.button.payload or m.button.text, m.button.text))
     if kind == "reaction" and m.reaction is not None:
@@ -400,6 +429,17 @@ def _content(m: _Message, base: _Fields) -> Event | None:
     if kind in IGNORED_TYPES:
         return None
     return Unsupported(_with(base), kind or "unknown")
+
+
+def _order_text(order: _Order) -> str:
+    """A cart sent from the catalog, as the agent reads it: each item, then the note."""
+    items = "; ".join(
+        f"{i.quantity or '?'} x {i.product_retailer_id or '?'}"
+        + (f" at {i.item_price} {i.currency or ''}".rstrip() if i.item_price else "")
+        for i in order.product_items
+    )
+    text = f"[placed an order: {items or 'no items'}]"
+    return f"{text}\n{order.text}" if order.text else text
 
 
 def _with(base: _Fields, **changes: Any) -> InboundMessage:
