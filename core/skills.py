@@ -101,8 +101,11 @@ def discover_skills(root: str | Path) -> list[Skill]:
     """Every `<root>/<folder>/SKILL.md`, sorted by name; a bad one is a ConfigError (at start,
     naming its file), so a broken skill never reaches the agent half-described."""
     base = Path(root)
-    if not base.is_dir():
-        return []
+    try:
+        if not base.is_dir():
+            return []
+    except OSError as exc:  # a name too long for the file system, say
+        raise ConfigError([(base.as_posix(), f"cannot be read: {exc.strerror}")]) from None
     skills: dict[str, Skill] = {}
     problems: list[tuple[str, str]] = []
     for doc in sorted(base.glob(f"*/{SKILL_FILE}")):

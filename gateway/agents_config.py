@@ -74,7 +74,7 @@ def _zone(value: str | None) -> str | None:
     if value is not None:
         try:
             ZoneInfo(value)
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OSError):  # OSError: a zone folder ("Europe"), a long name
             raise ValueError(f"unknown IANA timezone {value!r}") from None
     return value
 

@@ -53,9 +53,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMATS = ("auto", "json", "text")
 
 
-def _one_of(allowed: Sequence[str], env: str, *, upper: bool = False) -> Callable[[str], str]:
+def _one_of(allowed: Sequence[str], env: str, fold: Callable[[str], str]) -> Callable[[str], str]:
     def check(value: str) -> str:
-        value = value.upper() if upper else value
+        value = fold(value)
         if value not in allowed:
             raise argparse.ArgumentTypeError(
                 f"{value!r} is not one of {', '.join(allowed)} (also read from {env})"
@@ -65,23 +65,38 @@ def _one_of(allowed: Sequence[str], env: str, *, upper: bool = False) -> Callabl
     return check
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="switchboard", description="One AI agent on WhatsApp, Telegram, Slack and the web."
-    )
+def _log_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """--log-level and --log-format, before the command or after it (there, only when given:
+    SUPPRESS keeps the one given before, or the environment's)."""
     # `type`, not `choices`: argparse checks a default taken from the environment only so
     parser.add_argument(
         "--log-level",
-        type=_one_of(LOG_LEVELS, "SWITCHBOARD_LOG_LEVEL", upper=True),
-        default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO"),
+        type=_one_of(LOG_LEVELS, "SWITCHBOARD_LOG_LEVEL", str.upper),
+        default=os.environ.get("SWITCHBOARD_LOG_LEVEL", "INFO") if top else argparse.SUPPRESS,
         help=f"{', '.join(LOG_LEVELS)} (default: INFO, or SWITCHBOARD_LOG_LEVEL)",
     )
     parser.add_argument(
         "--log-format",
-        type=_one_of(LOG_FORMATS, "SWITCHBOARD_LOG_FORMAT"),
-        default=os.environ.get("SWITCHBOARD_LOG_FORMAT", "auto"),
+        type=_one_of(LOG_FORMATS, "SWITCHBOARD_LOG_FORMAT", str.lower),
+        default=os.environ.get("SWITCHBOARD_LOG_FORMAT", "auto") if top else argparse.SUPPRESS,
         help="auto: readable in a terminal, one JSON object per line otherwise",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`switchboard check | head -1`)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 1
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="switchboard", description="One AI agent on WhatsApp, Telegram, Slack and the web."
+    )
+    _log_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (
         ("run", "serve the gateway"),
@@ -90,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         cmd = sub.add_parser(name, help=text, description=text)
         cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+        _log_options(cmd, top=False)
     sub.choices["check"].add_argument(
         "--offline", action="store_true", help="only validate; do not try credentials online"
     )

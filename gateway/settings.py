@@ -236,13 +236,22 @@ class Settings(BaseSettings):
 
 
 def config_path(path: str | Path | None) -> Path | None:
-    """The file to read: the one given, else config/switchboard.toml, else the example."""
+    """The file to read: the one given, else config/switchboard.toml, else the example. Once
+    config/switchboard.toml exists in any form (a directory a container mount made, a dangling
+    link), it is the one read, and its problem reported: the demo must not run in its place."""
     if path is not None:
         return Path(path)
     for candidate in (DEFAULT_CONFIG, EXAMPLE_CONFIG):
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return candidate
     return None
+
+
+def _is_dir(path: str | Path) -> bool:
+    try:
+        return Path(path).is_dir()
+    except OSError:  # a name too long for the file system, say
+        return False
 
 
 def load_settings(
@@ -436,7 +445,7 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
             p.append((key, "agent names are lowercase letters, digits, - and _ (max 32)"))
         if name == DEFAULT_AGENT and name in s.agents:
             p.append(("agents.default", "the default agent is configured in [agent]"))
-        if not Path(agent.settings.knowledge_dir).is_dir():
+        if not _is_dir(agent.settings.knowledge_dir):
             p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
         try:
             discover_skills(agent.settings.skills_dir)

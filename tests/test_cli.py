@@ -511,6 +511,67 @@ def test_outside_the_checkout_without_a_config_the_error_says_no_file_was_found(
     assert_no_traceback(proc)
 
 
+@pytest.mark.parametrize("broken", ["a directory", "a dangling link"])
+def test_a_broken_config_switchboard_toml_is_reported_not_replaced_by_the_example(
+    tmp_path: Path, broken: str
+) -> None:
+    """A container mount of a missing host file makes a directory there: the gateway quietly
+    served the shipped example (the demo bike shop) in its place."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "switchboard.example.toml").write_text("[server]\nport = 8080\n")
+    target = tmp_path / "config" / "switchboard.toml"
+    if broken == "a directory":
+        target.mkdir()
+    else:
+        target.symlink_to(tmp_path / "nowhere.toml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--offline"],
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "config/switchboard.toml" in proc.stderr
+    assert "example" not in proc.stdout
+    assert_no_traceback(proc)
+
+
+def test_log_options_may_follow_the_command_and_a_broken_pipe_is_no_traceback() -> None:
+    after = cli("check", "--offline", "--log-level", "debug", "--log-format", "JSON")
+    assert after.returncode == 0, after.stderr
+    piped = subprocess.run(
+        f"{sys.executable} -m gateway check --offline | head -c 1",
+        shell=True,
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert "Traceback" not in piped.stderr
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("SWITCHBOARD__AGENT__TIMEZONE", "Europe"),  # a folder of zones
+        ("SWITCHBOARD__AGENT__TIMEZONE", "Z" * 300),
+        ("SWITCHBOARD__AGENT__KNOWLEDGE_DIR", "k" * 300),
+        ("SWITCHBOARD__AGENT__SKILLS_DIR", "s" * 300),
+    ],
+)
+def test_values_the_file_system_refuses_are_problems_under_their_key(key: str, value: str) -> None:
+    """These crashed check and run with IsADirectoryError or "File name too long" (exit 1)."""
+    proc = cli("check", "--offline", env=clean_env(**{key: value}))
+    assert proc.returncode == 2
+    assert key.removeprefix("SWITCHBOARD__").lower().replace("__", ".") in proc.stderr
+    assert_no_traceback(proc)
+
+
 def test_a_log_level_or_format_that_does_not_exist_exits_2_naming_it() -> None:
     loud = cli("--log-level", "LOUD", "check", "--offline")
     xml = cli("check", "--offline", env=clean_env(SWITCHBOARD_LOG_FORMAT="xml"))
