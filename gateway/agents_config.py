@@ -135,9 +135,20 @@ class AgentOverride(_Section):
             if v is not None and k in AgentSettings.model_fields
         }
         settings = base.model_copy(update=own)
-        if self.limits is not None:
-            settings = settings.model_copy(update={"limits": self.limits})
-        return ResolvedAgent(name, settings, self.model or model, draft=self.is_draft)
+        if self.limits is not None:  # only the limits it sets: the rest stay [agent.limits]'
+            limits = base.limits.model_copy(update=self.limits.model_dump(exclude_unset=True))
+            settings = settings.model_copy(update={"limits": limits})
+        return ResolvedAgent(name, settings, self._model(model), draft=self.is_draft)
+
+    def _model(self, base: ModelSettings) -> ModelSettings:
+        """[agents.NAME.model] over [model], key by key; whole when it names another provider
+        (an endpoint, key or timeout of one provider means nothing to another)."""
+        if self.model is None:
+            return base
+        own = self.model.model_dump(exclude_unset=True)
+        if own.get("provider", base.provider) != base.provider:
+            return self.model
+        return base.model_copy(update={k: getattr(self.model, k) for k in own})
 
 
 class BindingSettings(_Section):

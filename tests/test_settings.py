@@ -634,3 +634,25 @@ def test_credits_per_run_takes_a_number_or_limits(
 ) -> None:
     settings = load_settings(write(tmp_path, f"[quotas]\ncredits_per_run = {value}\n"))
     assert settings.quotas.credits_per_run == read
+
+
+def test_an_agent_takes_each_limit_and_model_key_it_does_not_set(tmp_path: Path) -> None:
+    """A partial [agents.NAME.limits] reset the others to the built-in defaults, loosening the
+    caps [agent.limits] set; a model section with only a name dropped [model]'s endpoint."""
+    path = write(
+        tmp_path,
+        '[model]\nprovider = "openai"\nbase_url = "http://127.0.0.1:9/v1"\nname = "a"\n'
+        "timeout_s = 12\n"
+        "[agent.limits]\nmax_tool_calls = 2\ntoken_budget = 3000\n"
+        '[agents.vip]\ninstructions = "vip"\n[agents.vip.limits]\ntemperature = 0.9\n'
+        '[agents.vip.model]\nname = "b"\n'
+        '[agents.other]\ninstructions = "other"\n'
+        '[agents.other.model]\nprovider = "anthropic"\nname = "c"\napi_key = "k"\n',
+    )
+    agents = load_settings(path).resolved_agents()
+    vip, other = agents["vip"], agents["other"]
+    limits = vip.settings.limits
+    assert (limits.max_tool_calls, limits.token_budget, limits.temperature) == (2, 3000, 0.9)
+    assert (vip.model.provider, vip.model.name, vip.model.timeout_s) == ("openai", "b", 12)
+    assert vip.model.base_url == "http://127.0.0.1:9/v1"
+    assert (other.model.provider, other.model.base_url) == ("anthropic", None)
