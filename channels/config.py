@@ -48,8 +48,9 @@ class ChannelSection(BaseModel):
 
 
 def present(value: object) -> bool:
+    """Set to something: an empty or blank value (`${TOKEN}` with TOKEN set but empty) is not."""
     text = value.get_secret_value() if isinstance(value, SecretStr) else value
-    return bool(text)
+    return bool(text.strip()) if isinstance(text, str) else bool(text)
 
 
 def required_when_enabled(value: Any, info: ValidationInfo) -> Any:

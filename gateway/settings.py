@@ -421,7 +421,8 @@ def _model_problems(key: str, m: ModelEndpoint) -> list[tuple[str, str]]:
         p.append((f"{key}.name", 'required for provider "anthropic" (e.g. "claude-sonnet-4-5")'))
     if m.base_url is not None and not m.base_url.startswith(("http://", "https://")):
         p.append((f"{key}.base_url", "must be an http:// or https:// URL"))
-    if m.provider in ("openai", "anthropic") and m.base_url is None and m.api_key is None:
+    blank_key = m.api_key is None or not m.api_key.get_secret_value().strip()
+    if m.provider in ("openai", "anthropic") and m.base_url is None and blank_key:
         p.append((f"{key}.api_key", f"required for the {m.provider} API (or set base_url)"))
     if m.provider == "scripted":
         if not m.script:

@@ -656,3 +656,20 @@ def test_an_agent_takes_each_limit_and_model_key_it_does_not_set(tmp_path: Path)
     assert (vip.model.provider, vip.model.name, vip.model.timeout_s) == ("openai", "b", 12)
     assert vip.model.base_url == "http://127.0.0.1:9/v1"
     assert (other.model.provider, other.model.base_url) == ("anthropic", None)
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[model]\nprovider = "openai"\nname = "m"\napi_key = ""\n', "model.api_key"),
+        ('[model]\nprovider = "anthropic"\nname = "m"\napi_key = "  "\n', "model.api_key"),
+        ('[channels.telegram]\nenabled = true\ntoken = " "\n', "channels.telegram.token"),
+        (
+            '[channels.slack]\nenabled = true\nbot_token = "xoxb-1"\nsigning_secret = "\t"\n',
+            "channels.slack.signing_secret",
+        ),
+    ],
+)
+def test_a_blank_secret_is_a_missing_one(tmp_path: Path, toml: str, key: str) -> None:
+    """`api_key = "${OPENAI_API_KEY}"` with the variable set but empty passed validation."""
+    assert key in [k for k, _ in problems_of(write(tmp_path, toml))]
