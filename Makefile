@@ -43,6 +43,7 @@ $(CHROMIUM):
 
 test: $(VENV)/.installed-test | $(CHROMIUM)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
