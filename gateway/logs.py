@@ -10,6 +10,7 @@ import time
 from typing import Literal
 
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 __all__ = ["redact", "setup_logging"]
 
@@ -43,16 +44,22 @@ class _JsonFormatter(logging.Formatter):
 
 class _ParserRefusals(logging.Filter):
     """aiohttp logs every request its HTTP parser refuses (an over-long line or header, bad
-    framing, TLS on the plain port) at ERROR with a traceback, though the client got a 400 with
-    the reason. Anyone can send those: they become one warning line, without the traceback."""
+    framing, TLS on the plain port), and a body it cannot decode (a wrong Content-Encoding, met
+    again as it drains the body after the 400), at ERROR with a traceback, though the client got
+    a 400 with the reason. Anyone can send those: they become one warning line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError) and 400 <= exc.code < 500:
-            reason = " ".join(exc.message.split())[:200]
-            record.msg, record.args = f"{record.getMessage()}: {exc.code} {reason}", None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            record.exc_info, record.exc_text = None, None
+            code, text = exc.code, exc.message
+        elif isinstance(exc, RequestPayloadError):
+            code, text = 400, str(exc)
+        else:
+            return True
+        reason = " ".join(text.split())[:200]
+        record.msg, record.args = f"{record.getMessage()}: {code} {reason}", None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info, record.exc_text = None, None
         return True
 
 

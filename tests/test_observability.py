@@ -60,8 +60,9 @@ def test_json_log_lines_carry_the_session_and_run() -> None:
 
 
 async def test_a_request_the_http_parser_refuses_is_one_warning_line(tmp_path: Path) -> None:
-    """aiohttp answers an unparseable request with 400 itself and logs it at ERROR with a
-    traceback; anyone can send those, so the log gets one warning line with the reason."""
+    """aiohttp answers an unparseable request with 400 itself (and a body it cannot decode
+    with our 400) and logs it at ERROR with a traceback; anyone can send those, so the log
+    gets one warning line with the reason."""
     config = tmp_path / "sb.toml"
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/db"\n')
     records: list[logging.LogRecord] = []
@@ -76,18 +77,22 @@ async def test_a_request_the_http_parser_refuses_is_one_warning_line(tmp_path: P
         for raw in (
             b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
             b"POST /webhooks/telegram HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+            b"POST /chat/messages HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 7\r\nConnection: close\r\n"
+            b'\r\n{"a":1}',
         ):
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(raw)
             answer = await reader.read()
             writer.close()
-            assert answer.startswith(b"HTTP/1.0 400 Bad Request"), answer[:80]
+            assert answer.split(b" ", 2)[1] == b"400", answer[:80]
     finally:
         await runner.cleanup()
         server_log.removeHandler(collect)
         server_log.removeFilter(PARSER_REFUSALS)
-    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)] * 2
+    assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None)] * 3
     lines = [r.getMessage() for r in records]
+    assert "Can not decode content-encoding: gzip" in lines[2]
     assert "400 Got more than 8190 bytes" in lines[0]
     assert len(lines[0]) < 300
     assert "400 Invalid character in Content-Length" in lines[1]
