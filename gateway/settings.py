@@ -276,8 +276,8 @@ def load_settings(
         settings = Settings()
     except ValidationError as exc:
         problems = [_problem(err, env) for err in exc.errors()]
-    else:
-        problems = semantic_problems(settings)
+    else:  # a rule across keys names the variables that set its key, as a field's error does
+        problems = [(k, m + env_source(k, env)) for k, m in semantic_problems(settings)]
     finally:
         _SOURCES.reset(token)
     problems = unset + [p for p in problems if not _covered(p[0], unset)]

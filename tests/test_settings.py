@@ -24,9 +24,9 @@ def write(tmp_path: Path, text: str, name: str = "switchboard.toml") -> Path:
     return path
 
 
-def problems_of(path: Path) -> list[tuple[str, str]]:
+def problems_of(path: Path, environ: dict[str, str] | None = None) -> list[tuple[str, str]]:
     with pytest.raises(ConfigError) as info:
-        load_settings(path)
+        load_settings(path, environ=environ)
     assert info.value.problems, "a ConfigError must carry at least one problem"
     return info.value.problems
 
@@ -673,3 +673,12 @@ def test_an_agent_takes_each_limit_and_model_key_it_does_not_set(tmp_path: Path)
 def test_a_blank_secret_is_a_missing_one(tmp_path: Path, toml: str, key: str) -> None:
     """`api_key = "${OPENAI_API_KEY}"` with the variable set but empty passed validation."""
     assert key in [k for k, _ in problems_of(write(tmp_path, toml))]
+
+
+def test_a_rule_across_keys_names_the_variable_that_broke_it(tmp_path: Path) -> None:
+    """Field errors said "(from SWITCHBOARD__...)"; problems found across keys did not."""
+    path = write(tmp_path, "")
+    env = {"SWITCHBOARD__STORE__URL": "mysql://x", "SWITCHBOARD__AGENT__TOOLS": "bogus"}
+    found = dict(problems_of(path, env))
+    assert found["store.url"].endswith("(from SWITCHBOARD__STORE__URL)")
+    assert found["agent.tools"].endswith("(from SWITCHBOARD__AGENT__TOOLS)")
