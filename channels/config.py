@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo
 
@@ -45,6 +46,27 @@ class ChannelSection(BaseModel):
         """Rules that need other sections (e.g. a webhook needs server.public_url); keys are
         dotted from the top of the configuration."""
         return []
+
+
+def url_problem(value: str) -> str | None:
+    """Why `value` is no usable http(s) URL (no host, spaces, a bad port), or None."""
+    if not value.startswith(("https://", "http://")):
+        return "must be an http:// or https:// URL"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - reading it checks it
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    if not parts.hostname or any(c.isspace() for c in value):
+        return "not a valid URL (no host, or a space in it)"
+    return None
+
+
+def http_url(value: str) -> str:
+    """A field validator: an http(s) URL with a host, without its trailing slash."""
+    if problem := url_problem(value):
+        raise ValueError(problem)
+    return value.rstrip("/")
 
 
 def present(value: object) -> bool:

@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from channels.config import ChannelSection
+from channels.config import ChannelSection, url_problem
 from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
@@ -402,8 +402,8 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     p.extend(_model_problems("model", s.model))
     p.extend(_agent_problems(s))
     url = s.server.public_url
-    if url is not None and not url.startswith(("https://", "http://")):
-        p.append(("server.public_url", "must be an http:// or https:// URL"))
+    if url is not None and (problem := url_problem(url)):
+        p.append(("server.public_url", problem))
 
     for name in PLATFORM_CHANNELS:
         p.extend(getattr(s.channels, name).problems(s.server.public_url))
@@ -419,8 +419,8 @@ def _model_problems(key: str, m: ModelEndpoint) -> list[tuple[str, str]]:
         p.append((f"{key}.name", 'required for provider "openai" (e.g. "gpt-4o-mini")'))
     if m.provider == "anthropic" and not m.name:
         p.append((f"{key}.name", 'required for provider "anthropic" (e.g. "claude-sonnet-4-5")'))
-    if m.base_url is not None and not m.base_url.startswith(("http://", "https://")):
-        p.append((f"{key}.base_url", "must be an http:// or https:// URL"))
+    if m.base_url is not None and (problem := url_problem(m.base_url)):
+        p.append((f"{key}.base_url", problem))
     blank_key = m.api_key is None or not m.api_key.get_secret_value().strip()
     if m.provider in ("openai", "anthropic") and m.base_url is None and blank_key:
         p.append((f"{key}.api_key", f"required for the {m.provider} API (or set base_url)"))

@@ -682,3 +682,19 @@ def test_a_rule_across_keys_names_the_variable_that_broke_it(tmp_path: Path) -> 
     found = dict(problems_of(path, env))
     assert found["store.url"].endswith("(from SWITCHBOARD__STORE__URL)")
     assert found["agent.tools"].endswith("(from SWITCHBOARD__AGENT__TOOLS)")
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ('[server]\npublic_url = "https://"\n', "server.public_url"),  # webhook "https:/webhooks"
+        ('[server]\npublic_url = "https://exa mple.com/"\n', "server.public_url"),
+        ('[model]\nprovider = "openai"\nname = "m"\nbase_url = "http://"\n', "model.base_url"),
+        (WHATSAPP_OK + 'api_base = "not a url"\n', "channels.whatsapp.api_base"),
+        (TELEGRAM_OK + 'api_base = "https://:99999"\n', "channels.telegram.api_base"),
+    ],
+)
+def test_a_url_without_a_host_is_refused(tmp_path: Path, toml: str, key: str) -> None:
+    """Only the scheme was checked: "https://" passed, and the webhook URL printed for
+    Telegram was "https:/webhooks/telegram"; WhatsApp's api_base was not checked at all."""
+    assert key in [k for k, _ in problems_of(write(tmp_path, toml))]

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
-from channels.config import ChannelSection, required_when_enabled, secret
+from channels.config import ChannelSection, http_url, required_when_enabled, secret
 
 __all__ = ["SlackSettings"]
 
@@ -48,9 +48,4 @@ class SlackSettings(ChannelSection):
             return [h.strip() for h in value.split(",") if h.strip()]
         return value
 
-    @field_validator("api_base")
-    @classmethod
-    def _api_base(cls, value: str) -> str:
-        if not value.startswith(("https://", "http://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+    _api_base = field_validator("api_base")(http_url)

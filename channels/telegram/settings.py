@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from channels.config import ChannelSection, present, required_when_enabled, secret
+from channels.config import ChannelSection, http_url, present, required_when_enabled, secret
 
 __all__ = ["DEFAULT_UPDATES", "TelegramSettings"]
 
@@ -46,12 +46,7 @@ class TelegramSettings(ChannelSection):
             raise ValueError("only A-Z, a-z, 0-9, _ and - are allowed (1 to 256 characters)")
         return value
 
-    @field_validator("api_base")
-    @classmethod
-    def _api_base(cls, value: str) -> str:
-        if not value.startswith(("https://", "http://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+    _api_base = field_validator("api_base")(http_url)
 
     @field_validator("bot_username")
     @classmethod

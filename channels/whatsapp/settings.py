@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator
 
-from channels.config import ChannelSection, required_when_enabled, secret
+from channels.config import ChannelSection, http_url, required_when_enabled, secret
 
 __all__ = ["DEFAULT_UNSUPPORTED_REPLY", "WhatsAppSettings"]
 
@@ -43,6 +43,7 @@ class WhatsAppSettings(ChannelSection):
     max_per_second: float = Field(default=80.0, gt=0, le=10_000)  # per business number
     timeout_s: float = Field(default=10.0, gt=0, le=120)  # Graph API calls
 
+    _api_base = field_validator("api_base")(http_url)
     _check = field_validator("access_token", "app_secret", "verify_token", "phone_number_id")(
         required_when_enabled
     )
