@@ -2,20 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from core.access import Access, AccessRule
 from core.policies import ChannelPolicy, QueueMode
 
-__all__ = ["ChannelSection", "present", "required_when_enabled", "secret"]
+__all__ = ["ChannelSection", "Section", "present", "required_when_enabled", "secret"]
 
 
-class ChannelSection(BaseModel):
+class Section(BaseModel):
+    """A configuration section: unknown keys refused, and true/false never taken for a number
+    (pydantic would read `port = true` as port 1)."""
+
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if isinstance(value, bool) and field is not None and _numeric(field.annotation):
+            raise ValueError("a number, not true or false")
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    return any(a in (int, float) for a in (get_args(annotation) or (annotation,)))
+
+
+class ChannelSection(Section):
     enabled: bool = False
     # who may talk to the agent here: anyone, listed senders, or approved ones (pairing codes)
     access: Literal["open", "allowlist", "pairing"] = "open"

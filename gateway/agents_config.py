@@ -10,8 +10,9 @@ from zoneinfo import ZoneInfo
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from channels.config import Section as _Section
 from core.agent.http_tools import HttpToolSpec, host_allowed
 from core.sessions import QueueMode
 
@@ -36,10 +37,6 @@ DEFAULT_INSTRUCTIONS = (
     "the search_knowledge tool; if it has no answer, say so plainly and do not invent facts, "
     "prices or times."
 )
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ModelEndpoint(_Section):

@@ -20,7 +20,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -30,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from channels.config import ChannelSection, url_problem
+from channels.config import Section as _Section
 from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.settings import WhatsAppSettings
@@ -57,10 +57,6 @@ ENV_PREFIX = "SWITCHBOARD__"
 PLATFORM_CHANNELS = ("telegram", "slack", "whatsapp")
 CHANNEL_NAMES = ("web", "console", *PLATFORM_CHANNELS)
 ADMIN_TOKEN_MIN = 16  # the console's only lock; a short token is guessable
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ServerSettings(_Section):

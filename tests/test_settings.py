@@ -698,3 +698,22 @@ def test_a_url_without_a_host_is_refused(tmp_path: Path, toml: str, key: str) ->
     """Only the scheme was checked: "https://" passed, and the webhook URL printed for
     Telegram was "https:/webhooks/telegram"; WhatsApp's api_base was not checked at all."""
     assert key in [k for k, _ in problems_of(write(tmp_path, toml))]
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("[server]\nport = true\n", "server.port"),  # was port 1
+        ("[agent.limits]\nmax_steps = true\n", "agent.limits.max_steps"),
+        ("[channels.web]\nflood_messages = false\n", "channels.web.flood_messages"),
+        ("[quotas]\nuser_daily_credits = true\n", "quotas.user_daily_credits"),
+    ],
+)
+def test_true_or_false_is_no_number(tmp_path: Path, toml: str, key: str) -> None:
+    assert key in [k for k, _ in problems_of(write(tmp_path, toml))]
+
+
+def test_numbers_and_switches_from_the_environment_still_read(tmp_path: Path) -> None:
+    env = {"SWITCHBOARD__SERVER__PORT": "9000", "SWITCHBOARD__CHANNELS__WEB__ENABLED": "false"}
+    s = load_settings(write(tmp_path, ""), environ=env)
+    assert (s.server.port, s.channels.web.enabled) == (9000, False)
