@@ -235,3 +235,23 @@ async def test_a_text_right_after_a_photo_is_not_answered_before_it(
         assert (await sent).status_code == 200
         await until(lambda: "in it?" in "".join(last_user_text(b) for b in fake_openai.requests))
     assert "[attachment image" in last_user_text(fake_openai.requests[0])
+
+
+async def test_an_edit_that_changes_nothing_the_agent_reads_is_not_answered_again(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """With edits read as new messages, an edit leaving the text as it was (Telegram sends one
+    for a change of formatting too) got a second, identical answer."""
+    config = write_config(tmp_path, tg, fake_openai.url, extra='edited_messages = "new"\n')
+    async with running_gateway(config, tg) as gw:
+        first = tg.message(ANA, "what time is it in Rome")
+        await gw.deliver(first)
+        await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+        for text in ("what time is it in Rome", "what time is it in Paris"):
+            edit = tg.message(ANA, text, edited=True)
+            edit["edited_message"]["message_id"] = first["message"]["message_id"]
+            await gw.deliver(edit)
+        await until(lambda: len(tg.in_chat(ANA.id)) == 2)
+        await asyncio.sleep(0.3)
+    assert len(tg.in_chat(ANA.id)) == 2
+    assert "Paris" in last_user_text(fake_openai.requests[-1])

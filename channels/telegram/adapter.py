@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import logging
 from collections.abc import Coroutine
@@ -29,10 +30,17 @@ from channels.telegram.client import TelegramClient
 from channels.telegram.live import Live
 from channels.telegram.media import fetch_all
 from channels.telegram.outbound import CALLBACK_NS, CALLBACK_PREFIX, Delivery
-from channels.telegram.parse import Identity, Incoming, ParseOptions, Update, normalize
+from channels.telegram.parse import (
+    Identity,
+    Incoming,
+    ParseOptions,
+    Update,
+    message_id_of,
+    normalize,
+)
 from channels.telegram.settings import TelegramSettings
 from core.errors import ChannelError
-from core.models import InboundMessage, OutboundPart, SessionKey
+from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
 from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "TelegramAdapter"]
@@ -45,6 +53,8 @@ IDENTITY_NS = "telegram_identity"  # bot id → @username learnt from getMe
 POLL_MEDIA_TIMEOUT_S = 60.0
 IDENTIFY_WITHIN_S = 2.0  # getMe, asked again when a group message comes before it succeeded
 NO_IDENTITY = "no_identity"
+EDITS_NS = "telegram_versions"  # chat:message id → digest of its last text and files
+_TYPED = (MessageKind.MESSAGE, MessageKind.EDIT)
 ALBUMS_NS = "telegram_albums"  # media_group_id → "1": an album addressed to the bot
 ALBUMS_MAX = 10_000
 ANSWERED_MAX = 10_000  # button presses answered lately: a redelivered one is not answered again
@@ -152,7 +162,7 @@ class TelegramAdapter:
         if album is not None and incoming is not None and not known:
             await self._ctx.store.kv_set(ALBUMS_NS, album, "1")  # its other photos are too
             self._albums[album] = None
-        if incoming is not None:
+        if incoming is not None and not await self._same_as_before(incoming):
             # a text sent just after a photo must not be stored (and answered) before it
             async with self._turns.of([incoming.message.conversation]):
                 await self._store(incoming, media_timeout_s)
@@ -163,6 +173,22 @@ class TelegramAdapter:
             query_id = update.callback_query.id
             self._answered[query_id] = None
             self._spawn(self._answer(query_id), "telegram callback answer")
+
+    async def _same_as_before(self, incoming: Incoming) -> bool:
+        """With edits read as new messages: whether this edit leaves what the agent reads as
+        it was (Telegram sends an edit for a change of formatting or of a link's preview too).
+        Each message's last version is remembered for that, only while edits are read."""
+        if self._opts.edited_messages != "new" or incoming.message.kind not in _TYPED:
+            return False
+        msg = incoming.message
+        shown = "\0".join([msg.text, *(m.file_id or m.description for m in incoming.media)])
+        digest = hashlib.sha256(shown.encode()).hexdigest()[:16]
+        where = f"{msg.conversation}:{message_id_of(msg.platform_id)}"
+        if msg.kind is MessageKind.EDIT and await self._ctx.store.kv_get(EDITS_NS, where) == digest:
+            log.info("edit %s changes nothing the agent reads", msg.platform_id)
+            return True
+        await self._ctx.store.kv_set(EDITS_NS, where, digest)
+        return False
 
     async def _album_for_us(self, album: str) -> bool:
         """Whether an earlier photo of this album was addressed to the bot (in a group only
