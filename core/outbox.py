@@ -44,9 +44,6 @@ class DeliveryPolicy:
         return backoff * (0.5 + random.random() / 2)  # jitter
 
 
-CONFIRM_MAX_DELAY_S = 30.0
-
-
 class Outbox:
     """Sends what the store holds for a session. The caller serializes calls per session (the
     session's runner does), which is what keeps parts in order."""
@@ -105,12 +102,14 @@ class Outbox:
     async def _confirm(self, part_id: int, platform_id: str | None, extra: dict[str, str]) -> None:
         """Record a part the platform accepted as sent, however long the store takes to come
         back: left pending, it would be sent again and reach the person twice."""
-        delay = 0.5
+        tries = 0
         while True:
             try:
                 await self._store.mark_sent(part_id, platform_id)
                 return
             except StoreError as exc:
+                tries += 1
+                delay = self._policy.delay(tries, None)
                 log.warning(
                     "reply part %d was sent but is not recorded yet (%s); retrying in %.1f s",
                     part_id,
@@ -119,4 +118,3 @@ class Outbox:
                     extra=extra,
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, CONFIRM_MAX_DELAY_S)

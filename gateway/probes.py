@@ -89,6 +89,8 @@ async def _postgres(url: str) -> str:
     """Connect, and find the schema the tables go in; nothing is created (`run` does that)."""
     import asyncpg  # the postgres extra, present whenever such a URL passed validation
 
+    from core.store.postgres import DRIVER_ERRORS
+
     try:
         conn = await asyncpg.connect(url, timeout=TIMEOUT_S)
         try:
@@ -96,8 +98,8 @@ async def _postgres(url: str) -> str:
             schema = await conn.fetchval("SELECT current_schema()")
         finally:
             await conn.close()
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
-        raise SwitchboardError(str(exc)) from None
+    except (ValueError, *DRIVER_ERRORS) as exc:  # ValueError: a URL the driver cannot read
+        raise SwitchboardError(str(exc) or type(exc).__name__) from None
     if schema is None:
         raise SwitchboardError("no schema of the URL's search_path exists; create it first")
     return f"PostgreSQL {str(version).split()[0]}, schema {schema}"

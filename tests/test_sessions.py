@@ -572,7 +572,6 @@ async def test_a_reply_sent_while_the_store_is_down_is_recorded_later_not_sent_a
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(rig.store, "mark_sent", flaky)
-    monkeypatch.setattr("core.outbox.CONFIRM_MAX_DELAY_S", 0.01)
     await rig.manager.submit(msg("hi"))
     await settle(rig)
     assert left == [0]
