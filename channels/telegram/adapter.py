@@ -153,10 +153,10 @@ class TelegramAdapter:
 
     async def _accept(self, update: Update, media_timeout_s: float) -> None:
         """Normalize, fetch media, store (deduped), then acknowledge a button press."""
-        if self._me.username is None and _from_a_group(update):
+        if self._me.username is None and update.in_a_group:
             await self._identify()  # whether it mentions us, or its /command@bot is for us
         msg = update.message
-        album = msg.media_group_id if msg is not None and _from_a_group(update) else None
+        album = msg.media_group_id if msg is not None and update.in_a_group else None
         known = album is not None and await self._album_for_us(album)
         incoming = normalize(update, self._me, self._opts, addressed=known)
         if album is not None and incoming is not None and not known:
@@ -262,26 +262,25 @@ class TelegramAdapter:
         """Each chat's updates in order, the chats side by side: one person's slow download
         must not hold up everyone else (each webhook is its own request, so there it cannot).
         Raises when any failed, so the batch is asked for again; what was stored is deduped."""
-        chats: dict[object, list[Any]] = {}
+        chats: dict[int | None, list[Update]] = {}
         for item in batch:
-            chats.setdefault(_chat_of(item), []).append(item)
+            try:
+                update = Update.model_validate(mend_strings(item))
+            except ValidationError as exc:
+                log.warning(
+                    "skipping an update Telegram sent that we cannot read: %s", _reason(exc)
+                )
+                continue
+            chats.setdefault(update.chat_id, []).append(update)
 
-        async def in_order(items: list[Any]) -> None:
-            for item in items:
-                await self._poll_one(item)
+        async def in_order(updates: list[Update]) -> None:
+            for update in updates:
+                await self._accept(update, POLL_MEDIA_TIMEOUT_S)
 
         results = await asyncio.gather(*map(in_order, chats.values()), return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-
-    async def _poll_one(self, data: Any) -> None:
-        try:
-            update = Update.model_validate(mend_strings(data))
-        except ValidationError as exc:
-            log.warning("skipping an update Telegram sent that we cannot read: %s", _reason(exc))
-            return
-        await self._accept(update, POLL_MEDIA_TIMEOUT_S)
 
     # identity
 
@@ -335,25 +334,6 @@ class TelegramAdapter:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _chat_of(item: Any) -> object:
-    """The chat an update (still JSON) is about, as far as it can be told; None if not."""
-    if not isinstance(item, dict):
-        return None
-    for kind in ("message", "edited_message", "callback_query"):
-        inner = item.get(kind)
-        if isinstance(inner, dict):
-            msg = inner.get("message") if kind == "callback_query" else inner
-            chat = msg.get("chat") if isinstance(msg, dict) else None
-            chat_id = chat.get("id") if isinstance(chat, dict) else None
-            return chat_id if isinstance(chat_id, int | str) else None
-    return None
-
-
-def _from_a_group(update: Update) -> bool:
-    msg = update.message or update.edited_message
-    return msg is not None and msg.chat.type in ("group", "supergroup")
 
 
 def _reason(exc: ValidationError) -> str:

@@ -23,9 +23,9 @@ from telegram.constants import ChatAction, ParseMode
 
 from channels.telegram.client import BLOCKED, TelegramClient
 from channels.telegram.markdown import render
-from channels.telegram.parse import message_id_of
+from channels.telegram.parse import quoted
 from core.errors import ChannelError, StoreError
-from core.models import InboundMessage, MessageKind, SessionKey
+from core.models import InboundMessage, SessionKey
 from core.store import Store
 
 __all__ = ["Handover", "Live", "Preview", "digest"]
@@ -79,15 +79,13 @@ class Live:
         self._finished: LRUCache[str, Preview] = LRUCache(_KEEP)
 
     async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
-        """In a group the answer quotes the newest message it answers (a button press is not
-        one anybody typed: nothing is quoted then)."""
+        """In a group the answer quotes the newest message it answers (`quoted`)."""
         chat = int(key.conversation)
-        quotable = chat < 0 and newest.kind is not MessageKind.BUTTON
         state = Preview(
             run_id=run_id,
             chat_id=chat,
             thread=int(key.thread) if key.thread else None,
-            reply_to=message_id_of(newest.platform_id) if quotable else None,
+            reply_to=quoted(newest) if chat < 0 else None,
             draft=chat > 0 and self._drafts,
         )
         old = self._running.pop(str(key), None)

@@ -17,9 +17,9 @@ from telegram import InlineKeyboardButton, InlineKeyboardMarkup
 from channels.telegram.client import BLOCKED, ChatMigrated, TelegramClient
 from channels.telegram.live import Live, digest
 from channels.telegram.markdown import render
-from channels.telegram.parse import message_id_of
+from channels.telegram.parse import quoted
 from core.errors import ChannelError, StoreError
-from core.models import Button, MessageKind, OutboundPart, Reply, SessionKey
+from core.models import Button, OutboundPart, Reply, SessionKey
 from core.store import Store
 
 __all__ = ["CALLBACK_NS", "CALLBACK_PREFIX", "Delivery"]
@@ -159,15 +159,9 @@ class Delivery:
             await self._store.kv_set(PROGRESS_NS, str(part_id), json.dumps(data))
 
     async def _trigger(self, run_id: str) -> int | None:
-        """The message this run answers (the newest, when several were answered together) and
-        the reply quotes in a group; none after a button press, which nobody typed (the same
-        rule as the live preview's, so the preview becomes the reply)."""
-        for msg in reversed(await self._store.run_messages(run_id)):
-            if msg.kind is MessageKind.BUTTON:
-                return None
-            if (mid := message_id_of(msg.platform_id)) is not None:
-                return mid
-        return None
+        """What the reply quotes in a group: the newest message the run answers (`quoted`)."""
+        messages = await self._store.run_messages(run_id)
+        return quoted(messages[-1]) if messages else None
 
     async def _keyboard(self, buttons: tuple[Button, ...]) -> InlineKeyboardMarkup:
         """Short labels side by side, long ones a row each; values over 64 bytes travel as a

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from channels.telegram.media import MediaRef, media_of
 from core.models import InboundMessage, MessageKind, Sender
 
-__all__ = ["Identity", "Incoming", "ParseOptions", "Update", "message_id_of", "normalize"]
+__all__ = ["Identity", "Incoming", "ParseOptions", "Update", "message_id_of", "normalize", "quoted"]
 
 CHANNEL = "telegram"
 _COMMAND = re.compile(r"^/([A-Za-z0-9_]{1,32})(?:@([A-Za-z0-9_]{3,64}))?(?=\s|$)")
@@ -39,6 +39,10 @@ class Chat(_Model):
     id: int
     type: str
     is_forum: bool = False
+
+    @property
+    def in_a_group(self) -> bool:
+        return self.type in ("group", "supergroup")
 
 
 class Entity(_Model):
@@ -92,6 +96,24 @@ class Update(_Model):
     edited_message: Message | None = None
     callback_query: Callback | None = None
 
+    @property
+    def typed(self) -> Message | None:
+        """The message, or the edit of one."""
+        return self.message or self.edited_message
+
+    @property
+    def chat_id(self) -> int | None:
+        """The chat it is about (of the pressed button's message, for a press)."""
+        cb = self.callback_query
+        msg = self.typed or (cb.message if cb is not None else None)
+        return msg.chat.id if msg is not None else None
+
+    @property
+    def in_a_group(self) -> bool:
+        """A message or an edit in a group or supergroup."""
+        msg = self.typed
+        return msg is not None and msg.chat.in_a_group
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -121,6 +143,13 @@ def message_id_of(platform_id: str) -> int | None:
     return int(mid) if mid.isdigit() else None
 
 
+def quoted(msg: InboundMessage) -> int | None:
+    """The message a group answer to `msg` quotes: `msg` itself, unless it is a button press,
+    which nobody typed. The live preview and the final reply both go by this, so the preview
+    can become the reply."""
+    return None if msg.kind is MessageKind.BUTTON else message_id_of(msg.platform_id)
+
+
 def normalize(
     update: Update, me: Identity, opts: ParseOptions, *, addressed: bool = False
 ) -> Incoming | None:
@@ -141,7 +170,7 @@ def normalize(
         command, target = m.group(1).lower(), m.group(2)
         if target is not None and _ours(target, me):
             text = text[: m.end(1)] + text[m.end() :]  # "/help@bot x" → "/help x"
-    group = msg.chat.type in ("group", "supergroup")
+    group = msg.chat.in_a_group
     if (
         group
         and opts.group_mode == "mention"
