@@ -99,6 +99,7 @@ async def test_a_retry_resumes_after_the_messages_already_sent(
     posted = slack.posted("C1")
     assert len(posted) == 2
     assert platform_id == f"C1:{posted[0]['ts']}"
+    assert await store.kv_get("slack.sent", str(part.id)) is None  # nothing left to resume
     sections = [b["text"]["text"] for m in posted for b in m["blocks"]]
     assert [s.split()[0] for s in "\n\n".join(sections).split("paragraph")[1:]] == [
         str(i) for i in range(14)

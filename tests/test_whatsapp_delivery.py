@@ -90,6 +90,7 @@ async def test_chunks_already_sent_are_not_resent_on_retry(
         None,
         "WhatsApp error 131000: (#131000) Something went wrong",
     )
+    assert await gw.store.kv_get("whatsapp.sent", "1") is None  # nothing left to resume
 
 
 async def test_buttons_within_the_limits_are_interactive(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import aiohttp
@@ -18,7 +19,7 @@ from channels.slack.inbound import Inbound
 from channels.slack.live import Live, Preview
 from channels.slack.settings import SlackSettings
 from channels.slack.socket import SocketMode
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 
 __all__ = ["OUTPUT_RULES", "ROUTE", "SlackAdapter"]
@@ -119,6 +120,9 @@ class SlackAdapter:
         except ChannelError as exc:
             log.warning("slack send failed: %s", exc, extra=extra)
             raise
+        if several:  # all sent: nothing to resume (a failure here must not send it again)
+            with contextlib.suppress(StoreError):
+                await self._ctx.store.kv_delete(PROGRESS_NS, str(part.id))
         self.live.forget(part.run_id)
         return f"{key.conversation}:{first}"
 

@@ -78,7 +78,7 @@ class Delivery:
         self._progress.pop(part.id, None)
         if len(chunks) > 1:
             with contextlib.suppress(StoreError):
-                await self._store.kv_set(PROGRESS_NS, str(part.id), "")
+                await self._store.kv_delete(PROGRESS_NS, str(part.id))
         return str(progress.done[0]) if progress.done else None
 
     async def _chunk(

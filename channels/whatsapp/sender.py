@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -30,7 +31,7 @@ from channels.whatsapp.outbound import plan_reply, recipient
 from channels.whatsapp.outbound import template as template_payload
 from channels.whatsapp.parse import CHANNEL
 from channels.whatsapp.settings import WhatsAppSettings
-from core.errors import ChannelError
+from core.errors import ChannelError, StoreError
 from core.models import OutboundPart, SessionKey
 
 __all__ = ["NS_SEEN", "Sender"]
@@ -118,6 +119,9 @@ class Sender:
             done.append(await self._graph.message_id(key.account, payload))
             if several and n < len(plan.payloads) - 1:
                 await self._ctx.store.kv_set(NS_PROGRESS, str(part.id), json.dumps(done))
+        if several:  # all sent: nothing to resume (a failure here must not send it again)
+            with contextlib.suppress(StoreError):
+                await self._ctx.store.kv_delete(NS_PROGRESS, str(part.id))
         self._pair_strikes.pop(f"{key.account}/{key.conversation}", None)
         return done[-1] if done else None
 
