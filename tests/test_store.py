@@ -845,11 +845,21 @@ async def test_expired_lease_hides_nothing_from_the_sweep(store: Store) -> None:
     assert await store.acquire_lease(S1, "new-replica", 5.0)
 
 
-async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
+@contextlib.asynccontextmanager
+async def replicas(*urls: str) -> AsyncIterator[list[PostgresStore]]:
+    """One started PostgresStore per URL, as separate gateway replicas would have."""
+    stores = [PostgresStore(url) for url in urls]
     try:
+        for s in stores:
+            await s.start()
+        yield stores
+    finally:
+        for s in stores:
+            await s.aclose()
+
+
+async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
+    async with replicas(pg_url, pg_url) as (a, b):
         heard: asyncio.Queue[str] = asyncio.Queue()
         await a.listen(heard.put_nowait)
         await a.put_inbound(S1, msg(text="from a"), 10)  # a's own message: no wake-up
@@ -859,32 +869,26 @@ async def test_postgres_notifies_other_replicas_not_itself(pg_url: str) -> None:
         assert time.monotonic() - started < 1.0  # milliseconds in practice; no polling
         await asyncio.sleep(0.1)
         assert heard.empty()
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_postgres_deployments_in_other_schemas_never_wake_each_other() -> None:
     """NOTIFY channels span the database: a deployment in another schema (?search_path=, as
     the README advises) woke runners for every session of this one, which took leases and
     wrote rows in its own tables."""
-    async with pg_schema() as url_a, pg_schema() as url_b:
-        a, a2, b = PostgresStore(url_a), PostgresStore(url_a), PostgresStore(url_b)
-        for s in (a, a2, b):
-            await s.start()
-        try:
-            heard_a: asyncio.Queue[str] = asyncio.Queue()
-            heard_b: asyncio.Queue[str] = asyncio.Queue()
-            await a.listen(heard_a.put_nowait)
-            await b.listen(heard_b.put_nowait)
-            await a2.put_inbound(S1, msg(text="for deployment a"), 10)
-            assert await asyncio.wait_for(heard_a.get(), 5) == S1
-            await asyncio.sleep(0.2)
-            assert heard_b.empty()
-            assert await b.sessions_with_work() == []
-        finally:
-            for s in (a, a2, b):
-                await s.aclose()
+    async with (
+        pg_schema() as url_a,
+        pg_schema() as url_b,
+        replicas(url_a, url_a, url_b) as (a, a2, b),
+    ):
+        heard_a: asyncio.Queue[str] = asyncio.Queue()
+        heard_b: asyncio.Queue[str] = asyncio.Queue()
+        await a.listen(heard_a.put_nowait)
+        await b.listen(heard_b.put_nowait)
+        await a2.put_inbound(S1, msg(text="for deployment a"), 10)
+        assert await asyncio.wait_for(heard_a.get(), 5) == S1
+        await asyncio.sleep(0.2)
+        assert heard_b.empty()
+        assert await b.sessions_with_work() == []
 
 
 async def test_postgres_a_lease_let_go_with_work_left_wakes_the_other_replicas(
@@ -892,10 +896,7 @@ async def test_postgres_a_lease_let_go_with_work_left_wakes_the_other_replicas(
 ) -> None:
     """A draining replica handed a session back in silence: the others took it at their next
     sweep (poll_interval_s), not at once."""
-    a, b = PostgresStore(pg_url), PostgresStore(pg_url)
-    await a.start()
-    await b.start()
-    try:
+    async with replicas(pg_url, pg_url) as (a, b):
         heard: asyncio.Queue[str] = asyncio.Queue()
         await b.listen(heard.put_nowait)
         assert await a.acquire_lease(S1, "a", 30.0)
@@ -907,9 +908,6 @@ async def test_postgres_a_lease_let_go_with_work_left_wakes_the_other_replicas(
         assert await asyncio.wait_for(heard.get(), 5) == S1
         await a.release_lease(S1, "a")
         assert await asyncio.wait_for(heard.get(), 5) == S1
-    finally:
-        await a.aclose()
-        await b.aclose()
 
 
 async def test_delivery_reports_only_move_forward(store: Store) -> None:
