@@ -446,11 +446,13 @@ class FakeTelegram:
         method = request.match_info["method"]
         if request.match_info["token"] != self.token:
             return self._fail(401, "Unauthorized")
+        # the Bot API takes parameters in the query string, a form or a JSON body
+        params: dict[str, Any] = {k: _maybe_json(k, v) for k, v in request.query.items()}
         if request.content_type == "application/json":
-            params: dict[str, Any] = await request.json()
+            params.update(await request.json())
         else:
             form = await request.post()
-            params = {k: _maybe_json(k, v) for k, v in form.items() if isinstance(v, str)}
+            params.update({k: _maybe_json(k, v) for k, v in form.items() if isinstance(v, str)})
         self.calls.append((method, params))
         self.stamps.append(time.monotonic())
         if self._failures.get(method) and (failure := self._failures[method].pop(0)):

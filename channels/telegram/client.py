@@ -4,13 +4,14 @@ PTB's exceptions translated into ChannelError at this boundary."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
-import httpx
 from telegram import Bot, InlineKeyboardMarkup, ReplyParameters
 from telegram import error as tg
 from telegram.constants import ParseMode
@@ -61,8 +62,6 @@ class TelegramClient:
             get_updates_request=self._requests[0],
             request=self._requests[1],
         )
-        self._updates_url = f"{base}/bot{self._token}/getUpdates"
-        self._poller = httpx.AsyncClient(timeout=httpx.Timeout(10.0))
         self.per_chat = KeyedLimiter(*RATES["chat"])
         self.per_group = KeyedLimiter(*RATES["group"])
         self.overall = KeyedLimiter(*RATES["overall"])
@@ -70,30 +69,26 @@ class TelegramClient:
     async def aclose(self) -> None:
         for request in self._requests:
             await request.shutdown()
-        await self._poller.aclose()
 
     async def get_updates(
         self, offset: int | None, timeout_s: int, allowed: list[str] | None
     ) -> list[Any]:
         """getUpdates, each update left as JSON for the caller to read one by one.
-        python-telegram-bot parses the whole batch first, so a single update it cannot read
-        failed every call, and the updates after it were never received."""
-        body = {"offset": offset, "timeout": timeout_s, "allowed_updates": allowed}
-        try:
-            answer = await self._poller.post(
-                self._updates_url,
-                json={k: v for k, v in body.items() if v is not None},
-                timeout=httpx.Timeout(10.0, read=timeout_s + 10.0),
-            )
-            data = answer.json()
-        except (httpx.HTTPError, ValueError) as exc:  # never str(exc): the URL has the token
-            raise ChannelError(f"getUpdates: {type(exc).__name__}", code="network") from None
-        if not isinstance(data, dict):
-            raise ChannelError("getUpdates: the answer is not a JSON object", code="network")
-        if data.get("ok") is True:
-            result = data.get("result")
-            return result if isinstance(result, list) else []
-        raise _api_error(data, answer.status_code)
+        python-telegram-bot's Bot.get_updates parses the whole batch first, so a single update
+        it cannot read failed every call and the updates after it were never received. Its
+        request object still carries the call (the parameters in the query string, which the
+        Bot API takes) and turns error answers into its exceptions, translated as any call's."""
+        query = {"offset": offset, "timeout": timeout_s, "allowed_updates": allowed}
+        url = f"{self.bot.base_url}/getUpdates?" + urlencode(
+            {
+                k: v if isinstance(v, int) else json.dumps(v)
+                for k, v in query.items()
+                if v is not None
+            }
+        )
+        poll = self._requests[0]
+        result = await self.call(lambda: poll.post(url, read_timeout=timeout_s + 10.0))
+        return result if isinstance(result, list) else []
 
     async def write(self, chat_id: int, call: Callable[[], Awaitable[T]], *, new: bool) -> T:
         """A call that posts to a chat, after the limiters let it through (`new`: it creates a
@@ -196,25 +191,6 @@ class TelegramClient:
         if isinstance(exc, tg.Conflict):
             return ChannelError(text, retryable=True, code="conflict")
         return ChannelError(text, retryable=True, code="network")  # NetworkError, TimedOut, …
-
-
-def _api_error(data: dict[str, Any], status: int) -> ChannelError:
-    """A Bot API error answer as the ChannelError that PTB's exception would become."""
-    given = data.get("error_code")
-    code = given if isinstance(given, int) else status
-    text = str(data.get("description") or f"getUpdates answered HTTP {code}")[:300]
-    parameters = data.get("parameters")
-    wait = parameters.get("retry_after") if isinstance(parameters, dict) else None
-    if code == 429:
-        seconds = float(wait) if isinstance(wait, int | float) else 5.0
-        return ChannelError(text, retryable=True, retry_after=seconds, code="flood")
-    if code in (401, 404):
-        return ChannelError(text, retryable=False, code="not_found")
-    if code == 409:
-        return ChannelError(text, retryable=True, code="conflict")
-    if code >= 500:
-        return ChannelError(text, retryable=True, code="network")
-    return ChannelError(text, retryable=False, code="bad_request")
 
 
 class ChatMigrated(ChannelError):
