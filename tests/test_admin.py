@@ -217,7 +217,7 @@ async def test_login_sets_an_hmac_cookie_never_the_token(tmp_path: Path) -> None
         assert "Path=/admin" in set_cookie
         value = c.cookies["switchboard_admin"]
         assert TOKEN not in value
-        assert re.fullmatch(r"\d+\.[0-9a-f]{64}", value)
+        assert re.fullmatch(r"\d+\.[0-9a-f]{16}\.[0-9a-f]{64}", value)
         assert (await c.get("/admin/api/sessions")).status_code == 200
 
         # a cookie-authenticated change must be JSON from this origin
@@ -248,9 +248,10 @@ async def test_login_sets_an_hmac_cookie_never_the_token(tmp_path: Path) -> None
             assert r.status_code == 400, r.text
             assert "id:" in r.json()["error"]
 
-        expires, mac = value.split(".")
-        forged = f"{int(expires) + 3600}.{mac}"
-        for bad in (forged, f"{expires}.{'0' * 64}", "garbage", ""):
+        expires, nonce, mac = value.split(".")
+        forged = f"{int(expires) + 3600}.{nonce}.{mac}"
+        other_id = f"{expires}.{'0' * 16}.{mac}"
+        for bad in (forged, other_id, f"{expires}.{nonce}.{'0' * 64}", "garbage", "1.2", ""):
             async with httpx.AsyncClient(base_url=gw.url, cookies={"switchboard_admin": bad}) as x:
                 assert (await x.get("/admin/api/sessions")).status_code == 401
 
@@ -263,6 +264,47 @@ async def test_login_sets_an_hmac_cookie_never_the_token(tmp_path: Path) -> None
         assert form.status_code == 303
         assert form.headers["Location"] == "/admin"
         assert (await c.get("/admin/api/sessions")).status_code == 200
+
+
+async def test_signing_out_revokes_the_cookie_and_ends_its_live_stream(
+    store_url: str, tmp_path: Path
+) -> None:
+    """Signing out used to only ask the browser to forget the cookie: a copy of it (another
+    tab's devtools, a shared machine, a proxy log) kept working for 12 hours, and an open
+    live stream went on. Now the cookie's id is refused on every replica until it expires;
+    the operator's other browsers stay signed in."""
+    path = config(tmp_path, model_url=None, store_url=store_url)
+    async with gateway(path) as gw, gw.client() as c, gw.client() as other:
+        assert (await c.post("/admin/login", json={"token": TOKEN})).status_code == 200
+        assert (await other.post("/admin/login", json={"token": TOKEN})).status_code == 200
+        copied = c.cookies["switchboard_admin"]
+        ended = asyncio.Event()
+
+        async def listen() -> None:
+            async with c.stream("GET", "/admin/events", timeout=None) as resp:
+                assert resp.status_code == 200
+                async for _ in resp.aiter_lines():
+                    pass
+            ended.set()
+
+        task = asyncio.create_task(listen())
+        try:
+            await asyncio.sleep(0.3)
+            assert not ended.is_set()
+            out = await c.post("/admin/logout", json={})
+            assert out.status_code == 200
+            await asyncio.wait_for(ended.wait(), 5)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        cookies = {"switchboard_admin": copied}
+        async with httpx.AsyncClient(base_url=gw.url, cookies=cookies) as thief:
+            assert (await thief.get("/admin/api/sessions")).status_code == 401
+            assert (await thief.get("/admin/events")).status_code == 401
+        assert (await other.get("/admin/api/sessions")).status_code == 200
+    async with gateway(path) as gw, httpx.AsyncClient(base_url=gw.url, cookies=cookies) as thief:
+        # a restart (or another replica) remembers it
+        assert (await thief.get("/admin/api/sessions")).status_code == 401
 
 
 def test_cookies_expire_and_failed_logins_are_throttled() -> None:

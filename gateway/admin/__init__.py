@@ -7,7 +7,7 @@ cookie):
 | route | purpose |
 |---|---|
 | `GET /admin` | the console page (a login form until signed in) |
-| `POST /admin/login`, `POST /admin/logout` | the HttpOnly cookie: an HMAC of the token |
+| `POST /admin/login`, `POST /admin/logout` | the HttpOnly login cookie; signing out revokes it |
 | `GET /admin/events` | Server-Sent Events: `changed` when sessions or runs change |
 | `GET /admin/api/sessions` | live list of sessions |
 | `GET /admin/api/session?key=` | one session: state, transcript, runs unfolded |
@@ -22,12 +22,13 @@ import logging
 
 from aiohttp import web
 
+from core.errors import StoreError
 from gateway.admin import api
 from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
 from gateway.http import json_error, read_form, read_json
-from gateway.keys import SETTINGS
+from gateway.keys import RUNTIME, SETTINGS
 
 __all__ = ["add_routes"]
 
@@ -46,7 +47,11 @@ def add_routes(app: web.Application) -> None:
     token = app[SETTINGS].admin.token
     if token is None or not token.get_secret_value():
         return
-    auth = AdminAuth(token.get_secret_value(), public_url=app[SETTINGS].server.public_url)
+    auth = AdminAuth(
+        token.get_secret_value(),
+        store=app[RUNTIME].store,
+        public_url=app[SETTINGS].server.public_url,
+    )
     state = AdminState(auth, Redactor(app[SETTINGS]), _page())
     app[ADMIN] = state
     guard = state.auth.protect
@@ -110,11 +115,20 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
+    """Revoke the cookie (a copy of it stops working too, on every replica) and clear it."""
+    state = request.app[ADMIN]
     response: web.StreamResponse
-    if request.content_type == "application/json":
-        response = web.json_response({"ok": True})
+    try:
+        await state.auth.sign_out(request.cookies.get(COOKIE))
+    except StoreError as exc:
+        log.warning("admin sign-out not recorded: %s", exc)
+        response = json_error(503, "signed out in this browser, but the store could not record it")
     else:
-        response = web.Response(status=303, headers={"Location": "/admin"})
+        if request.content_type == "application/json":
+            response = web.json_response({"ok": True})
+        else:
+            response = web.Response(status=303, headers={"Location": "/admin"})
+        state.changes.bump()  # open live streams check their cookie now
     response.del_cookie(COOKIE, path=COOKIE_PATH)
     return response
 

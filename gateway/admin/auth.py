@@ -1,16 +1,20 @@
 """Who may use the console: the admin token as a Bearer header, or a login cookie holding an
-HMAC of the token (never the token itself), with an expiry. Every comparison is constant-time."""
+expiry, a random id and an HMAC of both keyed by the token (never the token itself). Signing
+out records the cookie's id in the store until it expires, so a copied cookie stops working on
+every replica and open live streams end. Every comparison is constant-time."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from core.store.base import Store
 from gateway.http import json_error, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
@@ -18,6 +22,7 @@ __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 COOKIE = "switchboard_admin"
 COOKIE_PATH = "/admin"
 COOKIE_TTL_S = 12 * 3600
+SIGNED_OUT_NS = "admin_signed_out"  # cookie id -> its expiry (unix seconds)
 _CONTEXT = b"switchboard-admin-cookie:"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -30,12 +35,14 @@ class AdminAuth:
         self,
         token: str,
         *,
+        store: Store | None = None,
         ttl_s: float = COOKIE_TTL_S,
         public_url: str | None = None,
         throttle: LoginThrottle | None = None,
     ) -> None:
         self._key = token.encode()
         self._digest = hashlib.sha256(self._key).digest()
+        self.store = store  # where signed-out cookies are kept; None: only expiry ends them
         self.ttl_s = ttl_s
         self.public_url = public_url
         self.throttle = throttle or LoginThrottle()
@@ -47,28 +54,58 @@ class AdminAuth:
 
     def cookie(self, now: float | None = None) -> str:
         expires = int((now if now is not None else time.time()) + self.ttl_s)
-        return f"{expires}.{self._mac(expires)}"
+        nonce = secrets.token_hex(8)
+        return f"{expires}.{nonce}.{self._mac(expires, nonce)}"
 
     def cookie_ok(self, value: str | None, now: float | None = None) -> bool:
-        if not value:
-            return False
-        expires_text, _, mac = value.partition(".")
-        if not expires_text.isdigit() or len(expires_text) > 12:
-            return False
+        """Signed by this token and not expired (signing out is checked by `signed_in`)."""
+        return self._parse(value, now) is not None
+
+    def _parse(self, value: str | None, now: float | None = None) -> tuple[int, str] | None:
+        """(expiry, id) of a genuine, unexpired cookie."""
+        parts = (value or "").split(".")
+        if len(parts) != 3:
+            return None
+        expires_text, nonce, mac = parts
+        if not expires_text.isdigit() or len(expires_text) > 12 or len(nonce) > 64:
+            return None
         expires = int(expires_text)
-        mac_ok = hmac.compare_digest(mac.encode(), self._mac(expires).encode())
-        return mac_ok and expires > (now if now is not None else time.time())
+        mac_ok = hmac.compare_digest(mac.encode(), self._mac(expires, nonce).encode())
+        if not mac_ok or expires <= (now if now is not None else time.time()):
+            return None
+        return expires, nonce
 
-    def _mac(self, expires: int) -> str:
-        return hmac.new(self._key, _CONTEXT + str(expires).encode(), hashlib.sha256).hexdigest()
+    def _mac(self, expires: int, nonce: str) -> str:
+        message = _CONTEXT + f"{expires}.{nonce}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    def via(self, request: web.Request) -> str | None:
+    async def signed_in(self, value: str | None) -> bool:
+        """A genuine, unexpired cookie that was not signed out (StoreError when the store
+        cannot tell)."""
+        parsed = self._parse(value)
+        if parsed is None:
+            return False
+        return self.store is None or await self.store.kv_get(SIGNED_OUT_NS, parsed[1]) is None
+
+    async def sign_out(self, value: str | None) -> None:
+        """Refuse this cookie from now on, on every replica; forget cookies past expiry."""
+        parsed = self._parse(value)
+        if parsed is None or self.store is None:
+            return
+        expires, nonce = parsed
+        now = time.time()
+        for old, until in (await self.store.kv_items(SIGNED_OUT_NS)).items():
+            if not until.isdigit() or int(until) <= now:
+                await self.store.kv_delete(SIGNED_OUT_NS, old)
+        await self.store.kv_set(SIGNED_OUT_NS, nonce, str(expires))
+
+    async def via(self, request: web.Request) -> str | None:
         """How the request proves it is the operator ("bearer" or "cookie"), or None."""
         header = request.headers.get("Authorization", "")
         scheme, _, value = header.partition(" ")
         if scheme.lower() == "bearer" and value.strip():
             return "bearer" if self.token_ok(value.strip()) else None
-        if self.cookie_ok(request.cookies.get(COOKIE)):
+        if await self.signed_in(request.cookies.get(COOKIE)):
             return "cookie"
         return None
 
@@ -81,7 +118,7 @@ class AdminAuth:
             client = request.remote or "unknown"
             if bearer and self.throttle.blocked(client):
                 return too_many_failures()
-            via = self.via(request)
+            via = await self.via(request)
             if via is None:
                 if bearer:  # a guess at the token, as on the login form
                     self.throttle.failed(client)

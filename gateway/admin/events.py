@@ -2,7 +2,8 @@
 
 The stream carries no data, only "changed": the page refetches what it shows. Changes are found
 by polling a cheap store watermark about once a second (so runs committed by other replicas
-show up too), plus this replica's runner counts and the console's own actions."""
+show up too), plus this replica's runner counts and the console's own actions. A stream opened
+with the login cookie ends once that cookie is signed out or expires."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aiohttp import web
 
 from core.errors import StoreError
 from core.store.admin import console
+from gateway.admin.auth import COOKIE
 from gateway.admin.state import ADMIN
 from gateway.keys import RUNTIME
 
@@ -41,10 +43,13 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     last: Any = None
     quiet_since = time.monotonic()
+    cookie = None if "Authorization" in request.headers else request.cookies.get(COOKIE)
     try:
         await response.write(b"retry: 2000\n: connected\n\n")
         while not state.changes.closed:
             try:
+                if cookie is not None and not await state.auth.signed_in(cookie):
+                    break
                 mark = (
                     await q.watermark(),
                     runtime.manager.active(),
