@@ -718,6 +718,29 @@ async def test_events_say_changed_when_a_message_arrives(tmp_path: Path) -> None
             await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_sessions_api_searches_and_pages(tmp_path: Path) -> None:
+    async with gateway(config(tmp_path, model_url=None)) as gw, gw.admin() as admin:
+        store = gw.runtime.store
+        keys = [SessionKey("default", "telegram", "default", str(100 + i)) for i in range(5)]
+        for i, k in enumerate(keys):
+            await store.put_inbound(str(k), _msg(k, f"question {i}", f"x{i}", f"Name {i}"), 100)
+            await asyncio.sleep(0.005)
+        r = await admin.get("/admin/api/sessions", params={"limit": 2})
+        assert r.status_code == 200
+        body = r.json()
+        assert [s["conversation"] for s in body["sessions"]] == ["104", "103"]
+        assert body["more"] is True
+        r = await admin.get("/admin/api/sessions", params={"limit": 2, "offset": 4})
+        assert [s["conversation"] for s in r.json()["sessions"]] == ["100"]
+        assert r.json()["more"] is False
+        r = await admin.get("/admin/api/sessions", params={"q": "  QUESTION 2 "})
+        assert [s["customer"] for s in r.json()["sessions"]] == ["Name 2"]
+        for params in ({"q": "x" * 201}, {"offset": "soon"}):
+            r = await admin.get("/admin/api/sessions", params=params)
+            assert r.status_code == 400
+            assert r.json()["error"].startswith(next(iter(params)) + ":")
+
+
 async def test_bad_requests_are_json_errors(tmp_path: Path, fake_openai: FakeOpenAI) -> None:
     async with gateway(config(tmp_path, model_url=fake_openai.url)) as gw, gw.admin() as admin:
         async with chat_browser(gw) as browser:
@@ -789,6 +812,30 @@ async def test_sessions_waiting_for_an_operator_head_the_list_however_old(
     assert await store.hold_pending(str(keys[1])) == 1
     rows = await console(store).sessions(3)
     assert [r.key for r in rows] == [str(keys[1]), str(keys[0]), str(keys[5])]
+
+
+async def test_sessions_are_searched_by_key_and_messages_and_paged(store: Store) -> None:
+    """Past the 200 most recent sessions the console could not find anyone: the page only
+    filtered what it had. Now the store searches every session's key (channel, number, chat
+    id) and messages (the customer's name and words), and pages through the rest."""
+    keys = [SessionKey("default", "whatsapp", "default", f"3491234{i:04d}") for i in range(12)]
+    for i, k in enumerate(keys):
+        name = "José Núñez" if i == 3 else f"Customer {i}"
+        text = "my 50%_off coupon" if i == 7 else f"hello {i}"
+        await store.put_inbound(str(k), _msg(k, text, f"p{i}", name), 100)
+        await asyncio.sleep(0.005)
+    q = console(store)
+    assert [r.key for r in await q.sessions(10, query="34912340003")] == [str(keys[3])]
+    assert [r.key for r in await q.sessions(10, query="josé")] == [str(keys[3])]
+    assert [r.key for r in await q.sessions(10, query="50%_OFF")] == [str(keys[7])]
+    assert await q.sessions(10, query="50%x") == []  # % and _ are text, not wildcards
+    assert await q.sessions(10, query="0_1") == []
+    assert len(await q.sessions(20, query="WHATSAPP")) == 12
+    newest = [r.key for r in await q.sessions(5)]
+    assert newest == [str(k) for k in reversed(keys[7:])]
+    page2 = [r.key for r in await q.sessions(5, offset=5)]
+    assert page2 == [str(k) for k in reversed(keys[2:7])]
+    assert [r.key for r in await q.sessions(5, offset=10)] == [str(keys[1]), str(keys[0])]
 
 
 async def test_console_queries(store: Store) -> None:

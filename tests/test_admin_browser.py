@@ -137,6 +137,17 @@ async def test_operator_takes_over_a_conversation(
             await page.locator("#btn-pause").wait_for()
             await screens.shot("handed-back")
 
+            await say(customer, "Also, do you sell helmets?")
+            await timeline.get_by_text("echo: Also, do you sell helmets?").wait_for()
+
+        # the search reaches what customers wrote, not only what the list shows
+        await page.fill("#filter", "HELMETS")
+        await page.locator(".session-item").first.wait_for()
+        await page.fill("#filter", "nobody wrote this")
+        await page.get_by_text("No session matches.").wait_for()
+        await page.fill("#filter", "")
+        await page.locator(".session-item").first.wait_for()
+
         await page.click("#tab-usage")
         bars = page.locator("#chart rect.bar")
         await bars.first.wait_for()

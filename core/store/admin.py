@@ -164,11 +164,15 @@ SELECT k.session, s.state, s.reset_at, s.lease_owner, i.last_in, o.last_out, i.m
   i.pending, i.held, i.overflow, i.unpaired, o.unsent, o.failed, i.last_id,
   CASE WHEN s.lease_owner IS NOT NULL AND s.lease_until > {{now}} THEN 1 ELSE 0 END
 FROM k LEFT JOIN i ON i.session = k.session LEFT JOIN o ON o.session = k.session
-LEFT JOIN sessions s ON s.key = k.session
+LEFT JOIN sessions s ON s.key = k.session {{matching}}
 ORDER BY CASE WHEN coalesce(i.held, 0) > 0 OR s.state LIKE '%"handoff"%' THEN 0 ELSE 1 END,
   CASE WHEN coalesce(i.last_in, 0) > coalesce(o.last_out, 0) THEN i.last_in
-  ELSE coalesce(o.last_out, 0) END DESC, k.session LIMIT ?
+  ELSE coalesce(o.last_out, 0) END DESC, k.session LIMIT ? OFFSET ?
 """
+# the key (agent, channel, account, conversation, thread) or any message the customer sent,
+# which holds their name and id as the platform gave them; case-insensitive for ASCII
+_MATCHING = """WHERE lower(k.session) LIKE ? ESCAPE '\\'
+  OR k.session IN (SELECT session FROM inbox WHERE lower(payload) LIKE ? ESCAPE '\\')"""
 
 _ENTRIES = """
 SELECT entry, role, body, ts, status, run_id, delivery, error, attempts FROM (
@@ -205,21 +209,29 @@ class Console(ABC):
     async def watermark(self) -> tuple[Any, ...]:
         """A cheap value that changes when messages arrive, runs commit or parts are sent."""
 
-    async def sessions(self, limit: int) -> list[SessionRow]:
+    async def sessions(self, limit: int, *, offset: int = 0, query: str = "") -> list[SessionRow]:
         """The sessions waiting for an operator (paused, or holding messages), then the most
         recently active, newest first: among 10,000 later ones, a paused session fell off the
-        list, and its customer's held messages waited with nobody seeing them."""
-        return await self._sessions("", (limit,))
+        list, and its customer's held messages waited with nobody seeing them. `query`: only
+        sessions whose key, or a message of which, contains it (a name, a phone number, a
+        chat id, words the customer wrote)."""
+        if not query:
+            return await self._sessions("", (limit, offset))
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query.lower()) + "%"
+        return await self._sessions("", (pattern, pattern, limit, offset), matching=True)
 
     async def session(self, key: str) -> SessionRow | None:
-        rows = await self._sessions(key, (key, key, key, 1))
+        rows = await self._sessions(key, (key, key, key, 1, 0))
         return rows[0] if rows else None
 
-    async def _sessions(self, key: str, args: tuple[Any, ...]) -> list[SessionRow]:
+    async def _sessions(
+        self, key: str, args: tuple[Any, ...], *, matching: bool = False
+    ) -> list[SessionRow]:
         sql = _SESSIONS.format(
             where="WHERE session = ?" if key else "",
             where_key="WHERE key = ?" if key else "",
             now=self.dialect.now,
+            matching=_MATCHING if matching else "",
         )
         rows = await self._fetch(sql, args)
         out = [_session_row(r) for r in rows]

@@ -32,6 +32,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SESSIONS_LIMIT = 200
+SESSIONS_MAX = 5000
+QUERY_MAX = 200
 ENTRIES_LIMIT = 300
 RUNS_LIMIT = 100
 DEAD_LIMIT = 200
@@ -86,14 +88,21 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
 
 
 async def sessions(request: web.Request) -> web.StreamResponse:
-    """GET /admin/api/sessions: the most recently active sessions, newest first."""
-    limit = _int(request, "limit", SESSIONS_LIMIT, 1, 1000)
-    rows = await _console(request).sessions(limit)
+    """GET /admin/api/sessions?q=&limit=&offset=: sessions waiting for an operator, then the
+    most recently active; `q` keeps those whose key or messages contain it; `more` says
+    whether the list goes on past `offset + limit`."""
+    limit = _int(request, "limit", SESSIONS_LIMIT, 1, SESSIONS_MAX)
+    offset = _int(request, "offset", 0, 0, 10**9)
+    query = request.query.get("q", "").strip()
+    if len(query) > QUERY_MAX:
+        return json_error(400, f"q: at most {QUERY_MAX} characters")
+    rows = await _console(request).sessions(limit + 1, offset=offset, query=query)
     manager = request.app[RUNTIME].manager
     return _json(
         request,
         {
-            "sessions": [_session_json(r) for r in rows],
+            "sessions": [_session_json(r) for r in rows[:limit]],
+            "more": len(rows) > limit,
             "replica": {"active": manager.active(), "running": manager.running()},
             "now": time.time(),
         },
