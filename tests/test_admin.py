@@ -735,6 +735,15 @@ async def test_sessions_api_searches_and_pages(tmp_path: Path) -> None:
         assert r.json()["more"] is False
         r = await admin.get("/admin/api/sessions", params={"q": "  QUESTION 2 "})
         assert [s["customer"] for s in r.json()["sessions"]] == ["Name 2"]
+        for n in range(2):
+            await store.put_inbound(str(keys[0]), _msg(keys[0], f"more {n}", f"y{n}"), 100)
+        params = {"key": str(keys[0]), "limit": 2}
+        r = await admin.get("/admin/api/session", params=params)
+        assert [e["text"] for e in r.json()["entries"]] == ["more 0", "more 1"]
+        assert r.json()["earlier"] is True
+        r = await admin.get("/admin/api/session", params={**params, "limit": 3})
+        assert [e["text"] for e in r.json()["entries"]] == ["question 0", "more 0", "more 1"]
+        assert r.json()["earlier"] is False
         for params in ({"q": "x" * 201}, {"offset": "soon"}):
             r = await admin.get("/admin/api/sessions", params=params)
             assert r.status_code == 400

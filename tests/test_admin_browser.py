@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from core.models import InboundMessage, Sender, SessionKey
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.test_admin import TOKEN, chat_browser, config, gateway, replies, say, until
 
@@ -160,6 +161,35 @@ async def test_operator_takes_over_a_conversation(
         await page.locator("#login-form").wait_for()
         assert errors == []
         _keep(screens)
+
+
+async def test_a_long_transcript_shows_earlier_messages_on_request(
+    tmp_path: Path, chromium: Any
+) -> None:
+    """The console showed a session's newest 300 entries and nothing older, with no sign that
+    anything was left out."""
+    async with gateway(config(tmp_path, model_url=None)) as gw:
+        key = SessionKey("default", "telegram", "default", "77")
+        for i in range(320):
+            msg = InboundMessage(
+                channel="telegram",
+                conversation="77",
+                sender=Sender(id="77", name="Long Talker"),
+                text=f"message number {i}",
+                platform_id=str(i),
+            )
+            await gw.runtime.store.put_inbound(str(key), msg, 1000)
+        page, errors = await _page(chromium)
+        await page.goto(gw.url + "/admin#/sessions/" + str(key))
+        await page.fill("#token", TOKEN)
+        await page.click("#login-submit")
+        timeline = page.locator("#timeline")
+        await timeline.get_by_text("message number 319", exact=True).wait_for()
+        assert await timeline.get_by_text("message number 5", exact=True).count() == 0
+        await page.click("#earlier")
+        await timeline.get_by_text("message number 0", exact=True).wait_for()
+        assert await page.locator("#earlier").count() == 0
+        assert errors == []
 
 
 async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any) -> None:

@@ -35,6 +35,7 @@ SESSIONS_LIMIT = 200
 SESSIONS_MAX = 5000
 QUERY_MAX = 200
 ENTRIES_LIMIT = 300
+ENTRIES_MAX = 5000
 RUNS_LIMIT = 100
 DEAD_LIMIT = 200
 REPLY_MAX = 4000
@@ -110,14 +111,18 @@ async def sessions(request: web.Request) -> web.StreamResponse:
 
 
 async def session(request: web.Request) -> web.StreamResponse:
-    """GET /admin/api/session?key=: one session, its transcript and its runs unfolded."""
+    """GET /admin/api/session?key=&limit=: one session, its newest `limit` messages and reply
+    parts (`earlier`: there are older ones) and its newest runs unfolded."""
     key = _key(request.query.get("key"))
     q = _console(request)
     row = await q.session(str(key))
     if row is None:
         return json_error(404, "no such session")
     store = request.app[RUNTIME].store
-    entries = await q.entries(str(key), _int(request, "limit", ENTRIES_LIMIT, 1, 2000))
+    limit = _int(request, "limit", ENTRIES_LIMIT, 1, ENTRIES_MAX)
+    entries = await q.entries(str(key), limit + 1)
+    earlier = len(entries) > limit
+    entries = entries[1:] if earlier else entries  # oldest first: the extra one is the first
     runs = await q.runs(str(key), RUNS_LIMIT)
     operator = set(await store.kv_items(OPERATOR_NS + str(key)))
     out = []
@@ -130,6 +135,7 @@ async def session(request: web.Request) -> web.StreamResponse:
         {
             "session": _session_json(row),
             "entries": out,
+            "earlier": earlier,  # older messages than these exist (ask with a larger limit)
             "runs": [_run_json(r) for r in runs],
             "channel_enabled": key.channel in request.app[RUNTIME].manager.outlets,
         },
