@@ -19,6 +19,7 @@ class Blanker:
         forms = parts | {json.dumps(p)[1:-1] for p in parts}
         self._forms = sorted(forms, key=len, reverse=True)
         self._mark = mark
+        self.longest = max((len(f.encode()) for f in forms), default=0)  # in UTF-8 bytes
 
     def __call__(self, text: str) -> str:
         for form in self._forms:

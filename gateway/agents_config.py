@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -165,6 +166,10 @@ class ResolvedAgent:
     draft: bool = False
 
 
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field name
+_HEADER_VALUE = re.compile(r"[\x20-\x7e\t]*")
+
+
 class HttpToolSettings(_Section):
     """[tools.http.NAME]: an HTTP endpoint the agent can call, declared with no code."""
 
@@ -186,7 +191,32 @@ class HttpToolSettings(_Section):
         parts = urlsplit(value.replace("{", "x").replace("}", "x"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL (with {arg} placeholders)")
+        try:
+            port = parts.port
+        except ValueError:
+            port = 0
+        if port == 0:
+            raise ValueError("the port must be a number from 1 to 65535")
         return value
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        """Names and values HTTP can carry, checked here: otherwise every call of the tool
+        fails. Surrounding whitespace (a secret file's last newline) is dropped. Values are
+        never quoted in the message: they are usually secrets."""
+        out = {}
+        for name, raw in value.items():
+            if not _TOKEN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid HTTP header name")
+            text = raw.strip()
+            if not _HEADER_VALUE.fullmatch(text):
+                raise ValueError(
+                    f"the value of {name!r} has a line break, a control character or a"
+                    " non-ASCII character, which HTTP headers cannot carry"
+                )
+            out[name] = text
+        return out
 
     @field_validator("parameters")
     @classmethod

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 from aiohttp import web
@@ -199,12 +200,28 @@ def _write(tmp_path: Path, body: str) -> Path:
             "tools.http.t.parameters",
         ),
         ('url = "https://a.example/x"\nallow_hosts = ["b.example"]', "tools.http.t"),
+        # each of these passed check, then every call of the tool failed
+        ('url = "https://a.example:99999/x"', "tools.http.t.url"),
+        ('url = "https://a.example/x"\nheaders = { "X Key" = "v" }', "tools.http.t.headers"),
+        ('url = "https://a.example/x"\nheaders = { X-Key = "a\\nb" }', "tools.http.t.headers"),
+        ('url = "https://a.example/x"\nheaders = { X-Key = "café" }', "tools.http.t.headers"),
     ],
 )
 def test_http_tool_config_problems(tmp_path: Path, section: str, key: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_settings(_write(tmp_path, f'[tools.http.t]\ndescription = "d"\n{section}\n'))
     assert key in [k for k, _ in err.value.problems]
+    assert "café" not in str(err.value.problems)  # header values are secrets: never echoed
+
+
+def test_a_header_value_loses_a_secret_files_last_newline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOP_TOKEN", "Bearer abc123\n")
+    body = '[tools.http.t]\ndescription = "d"\nurl = "https://a.example/x"\n'
+    body += 'headers = { Authorization = "${SHOP_TOKEN}" }\n'
+    settings = load_settings(_write(tmp_path, body))
+    assert settings.tools.http["t"].headers == {"Authorization": "Bearer abc123"}
 
 
 def test_http_tool_config_loads_and_is_granted(
@@ -280,3 +297,133 @@ def _msg(t: str, pid: str, **kw: Any) -> InboundMessage:
     return InboundMessage(
         channel="test", conversation="c", sender=Sender(id="u"), text=t, platform_id=pid, **kw
     )
+
+
+# ---- review findings: path steps, repeated placeholders, credentials on redirects ----
+
+
+def _mock(
+    url: str,
+    answer: Any,
+    *,
+    parameters: dict[str, Any] | None = None,
+    cap: int = 65_536,
+    hosts: tuple[str, ...] = ("api.example.com",),
+) -> tuple[ToolRegistry, list[httpx.Request]]:
+    """The tool against an httpx mock transport: `answer(request)` is the endpoint."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        response: httpx.Response = answer(request)
+        return response
+
+    spec = HttpToolSpec(
+        name="t",
+        description="d",
+        url=url,
+        parameters=parameters or {"type": "object"},
+        headers={"Authorization": "Bearer s3cret-token-0123456789"},
+        allow_hosts=hosts,
+        allow_private=True,  # no DNS: the mock answers
+        max_response_bytes=cap,
+    )
+    return ToolRegistry([HttpTool(spec, transport=httpx.MockTransport(handler))]), seen
+
+
+async def test_an_argument_cannot_step_out_of_its_path_segment() -> None:
+    """`..` survived URL-encoding and httpx resolved it: a cancel tool for
+    /api/orders/{order_id}/cancel, given "..", posted to /api/cancel with the secret."""
+    registry, seen = _mock(
+        "https://api.example.com/api/orders/{order_id}/cancel?ref={ref}",
+        lambda r: httpx.Response(200, json={"path": r.url.path}),
+    )
+    for bad in ("..", ".", ""):
+        result = await registry.call("t", json.dumps({"order_id": bad, "ref": "x"}), CTX)
+        assert result.error == "failed", bad
+        assert "order_id" in json.loads(result.content)["detail"]
+    assert seen == []
+    ok = await registry.call("t", '{"order_id": "..A", "ref": ".."}', CTX)  # a query value
+    assert json.loads(ok.content)["body"] == {"path": "/api/orders/..A/cancel"}
+    assert seen[0].url.params["ref"] == ".."
+
+
+async def test_a_placeholder_may_appear_twice() -> None:
+    registry, seen = _mock(
+        "https://api.example.com/items/{id}?ref={id}",
+        lambda r: httpx.Response(200, json={}),
+    )
+    result = await registry.call("t", '{"id": "7", "other": 1}', CTX)
+    assert result.ok, result.content
+    assert seen[0].url.path == "/items/7"
+    assert dict(seen[0].url.params) == {"ref": "7", "other": "1"}
+
+
+@pytest.mark.parametrize(
+    ("location", "keeps"),
+    [
+        ("https://api.example.com/b", True),  # same origin
+        ("https://api.example.com:8443/b", False),  # another port: another service
+        ("https://other.api.example.com/b", False),
+    ],
+)
+async def test_credentials_follow_a_redirect_only_within_the_origin(
+    location: str, keeps: bool
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/a":
+            return httpx.Response(302, headers={"Location": location})
+        return httpx.Response(200, json={"ok": True})
+
+    registry, seen = _mock("https://api.example.com/a", answer, hosts=("*.example.com",))
+    result = await registry.call("t", "{}", CTX)
+    assert result.ok, result.content
+    assert [r.url.path for r in seen] == ["/a", "/b"]
+    assert ("authorization" in seen[1].headers) is keeps
+
+
+async def test_an_https_tool_refuses_a_redirect_to_plain_http() -> None:
+    registry, seen = _mock(
+        "https://api.example.com/a",
+        lambda r: httpx.Response(301, headers={"Location": "http://api.example.com/b"}),
+    )
+    result = await registry.call("t", "{}", CTX)
+    assert result.error == "failed"
+    assert "https to http" in json.loads(result.content)["detail"]
+    assert len(seen) == 1
+
+
+async def test_a_secret_the_cap_would_halve_is_still_blanked() -> None:
+    cap = 300
+    body = "x" * (cap - 4) + "s3cret-token-0123456789 and more"  # the cap falls in it
+    registry, _ = _mock(
+        "https://api.example.com/a", lambda r: httpx.Response(200, text=body), cap=cap
+    )
+    result = json.loads((await registry.call("t", "{}", CTX)).content)
+    assert result["truncated"] is True
+    assert "s3cr" not in result["body"]
+    assert len(result["body"].encode()) <= cap
+
+
+async def test_nan_and_infinity_never_reach_the_model_as_json() -> None:
+    """Python's json reads NaN; the model was shown it back, and set_state stored it."""
+    registry, seen = _mock(
+        "https://api.example.com/a",
+        lambda r: httpx.Response(200, text='{"price": NaN}', headers={"content-type": "json"}),
+    )
+    refused = await registry.call("t", '{"x": NaN}', CTX)
+    assert refused.error == "invalid_arguments"
+    assert "NaN" in json.loads(refused.content)["detail"]
+    assert seen == []
+    result = json.loads((await registry.call("t", '{"x": 1}', CTX)).content)
+    assert result["body"] == '{"price": NaN}'  # shown as the text it is
+
+    class Odd:
+        name, description, read_only, timeout_s = "odd", "d", True, 5.0
+        args_model = HttpTool(HttpToolSpec("x", "d", "https://a.example/")).args_model
+
+        async def __call__(self, args: Any, ctx: ToolContext) -> Any:
+            return {"a": float("nan"), "b": [float("inf"), 1.5]}
+
+    odd = await ToolRegistry([Odd()]).call("odd", "{}", CTX)  # type: ignore[list-item]
+    assert json.loads(odd.content) == {"a": None, "b": [None, 1.5]}

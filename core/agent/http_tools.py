@@ -3,9 +3,11 @@ arguments, secret headers, and a host allowlist that nothing else gets past.
 
 SSRF defences: only http(s); the host must be allowlisted; every address it resolves to must
 be public unless `allow_private` (so a tool cannot be pointed at loopback, the LAN or cloud
-metadata); redirects are followed by hand, each hop re-checked; the response is read up to a
-byte cap. (Between our DNS check and httpx's own lookup a name could change: allowlisting names
-you control is what makes that window harmless.)
+metadata); an argument filling a path segment cannot be "." or ".." (which would move the call
+to another path); redirects are followed by hand, each hop re-checked, the configured headers
+sent only to the tool's own origin (or its https upgrade) and never over a downgrade to plain
+http; the response is read up to a byte cap. (Between our DNS check and httpx's own lookup a
+name could change: allowlisting names you control is what makes that window harmless.)
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class HttpTool:
     async def __call__(self, args: BaseModel, ctx: ToolContext) -> dict[str, Any]:
         values = dict(args.model_dump())
         url = self._url(values)
+        origin = _origin(url)
         method = self.spec.method.upper()
         params = values if method not in BODY_METHODS else None
         body = values if method in BODY_METHODS else None
@@ -113,7 +116,9 @@ class HttpTool:
             for _ in range(MAX_REDIRECTS + 1):
                 await self._check(url)
                 target = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
-                request = client.build_request(method, target, json=body, headers=self.spec.headers)
+                # the headers hold the tool's credentials: only for the origin they were meant for
+                headers = self.spec.headers if _same_origin(origin, _origin(url)) else None
+                request = client.build_request(method, target, json=body, headers=headers)
                 try:
                     response = await client.send(request, stream=True)
                 except httpx.TimeoutException as exc:
@@ -124,25 +129,47 @@ class HttpTool:
                     ) from exc
                 try:
                     if response.is_redirect and "location" in response.headers:
-                        url = urljoin(url, response.headers["location"])
+                        following = urljoin(url, response.headers["location"])
+                        if urlsplit(url).scheme == "https" and _origin(following)[0] == "http":
+                            raise ToolError(f"{self.name}: refused a redirect from https to http")
+                        url = following
                         params = None  # the Location is a complete URL
                         if response.status_code not in (307, 308):
                             method, body = "GET", None
                         continue
-                    data, truncated = await _read_capped(response, self.spec.max_response_bytes)
+                    # read past the cap by the longest secret: blanked before the cut, a
+                    # secret the cut would halve cannot leave its first part behind
+                    cap = self.spec.max_response_bytes
+                    data, truncated = await _read_capped(response, cap + self._blank.longest)
                 finally:
                     await response.aclose()
-                return _result(response, self._blank(data.decode("utf-8", "replace")), truncated)
+                text = self._blank(data.decode("utf-8", "replace"))
+                if truncated or len(data) > cap:
+                    text, truncated = _cut(text, cap), True
+                return _result(response, text, truncated)
         raise ToolError(f"{self.name}: too many redirects")
 
     def _url(self, values: dict[str, Any]) -> str:
+        """The template filled with the arguments it names (which then leave the query or
+        body); each value is one URL-encoded piece, never a path step of its own."""
+        template = self.spec.url
+        query_at = template.find("?") if "?" in template else len(template)
+        used: set[str] = set()
+
         def fill(m: re.Match[str]) -> str:
             key = m.group(1)
             if key not in values:
                 raise ToolError(f"missing argument {key!r} for the URL")
-            return quote(str(values.pop(key)), safe="")
+            used.add(key)
+            text = str(values[key])
+            if m.start() < query_at and text in ("", ".", ".."):
+                raise ToolError(f"{key}: {text!r} is not a valid value here")
+            return quote(text, safe="")
 
-        return _PLACEHOLDER.sub(fill, self.spec.url)
+        url = _PLACEHOLDER.sub(fill, template)
+        for key in used:
+            del values[key]
+        return url
 
     async def _check(self, url: str) -> None:
         parts = urlsplit(url)
@@ -169,6 +196,28 @@ class HttpTool:
                 raise ToolError(f"{self.name}: {host!r} is not a public address")
 
 
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:  # an out-of-range port: _check refuses the URL
+        port = None
+    return scheme, (parts.hostname or "").lower(), port or (443 if scheme == "https" else 80)
+
+
+def _same_origin(first: tuple[str, str, int], now: tuple[str, str, int]) -> bool:
+    """The same scheme, host and port, or the same host upgraded from http to https on the
+    default ports (as browsers and httpx let credentials follow)."""
+    upgrade = first[0] == "http" and first[2] == 80 and now[0] == "https" and now[2] == 443
+    return now == first or (upgrade and now[1] == first[1])
+
+
+def _cut(text: str, cap: int) -> str:
+    """At most `cap` bytes of UTF-8, never half a character."""
+    return text.encode()[:cap].decode("utf-8", "ignore")
+
+
 async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:
     chunks: list[bytes] = []
     size = 0
@@ -180,12 +229,16 @@ async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]
     return b"".join(chunks), False
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def _result(response: httpx.Response, text: str, truncated: bool) -> dict[str, Any]:
     body: Any = text
     if not truncated and "json" in response.headers.get("content-type", ""):
         try:
-            body = json.loads(text)
-        except ValueError:
+            body = json.loads(text, parse_constant=_not_json)
+        except ValueError:  # NaN and Infinity included: the model is shown JSON only
             body = text
     out: dict[str, Any] = {"status": response.status_code, "body": body}
     if truncated:

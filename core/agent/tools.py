@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -138,9 +139,11 @@ class ToolRegistry:
             available = ", ".join(self._tools) or "none"
             return _error("unknown_tool", f"There is no tool named {name!r}. Tools: {available}.")
         try:
-            data = json.loads(raw_args) if raw_args.strip() else {}
+            data = json.loads(raw_args, parse_constant=_not_json) if raw_args.strip() else {}
         except json.JSONDecodeError as exc:
             return _error("invalid_arguments", f"Arguments are not valid JSON ({exc.msg}).")
+        except ValueError as exc:  # NaN or Infinity, which Python reads and JSON has not
+            return _error("invalid_arguments", f"Arguments are not valid JSON ({exc}).")
         except RecursionError:
             return _error("invalid_arguments", "Arguments are nested too deeply.")
         try:
@@ -159,7 +162,7 @@ class ToolRegistry:
         except Exception:
             log.exception("tool %s failed", name, extra={"session": ctx.session})
             return _error("failed", f"{name} failed unexpectedly.")
-        text = json.dumps(result, ensure_ascii=False, default=str)
+        text = _json(result)
         if len(text) > self._tiers.inline_chars:
             text = self._card(result, text, ctx)
         return ToolResult(text, ok=True)
@@ -230,6 +233,29 @@ def _schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema()
     schema.pop("title", None)
     return schema
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _json(result: Any) -> str:
+    """A result as the model is shown it: JSON, so a NaN or an infinity (an endpoint's, a
+    script's) becomes null."""
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(result), ensure_ascii=False, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _error(code: str, detail: str) -> ToolResult:
