@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import logging
 import re
+import shutil
 import time
 import uuid
 from collections.abc import Awaitable
@@ -371,6 +372,7 @@ class SessionRunner:
         name = item.message.command
         if name == "reset":
             await self.mgr.store.reset_session(self.skey)
+            await self._clear_workspace()
             text = RESET_REPLY
         elif name == "start":
             text = self.profile.greeting
@@ -402,6 +404,17 @@ class SessionRunner:
         """Send stored reply parts in order; each is marked sent once the platform confirms."""
         async with self.deliver_lock:
             await self.mgr.outbox.deliver_pending(self.key)
+
+    async def _clear_workspace(self) -> None:
+        """A fresh session does not see the old one's kept tool results or skill files."""
+        folder = self._workspace()
+        if folder is None or not folder.exists():
+            return
+        try:
+            await asyncio.to_thread(shutil.rmtree, folder)
+        except OSError as exc:
+            extra = {"session": self.skey, "channel": self.key.channel}
+            log.warning("reset: workspace %s not cleared: %s", folder, exc, extra=extra)
 
     def _workspace(self) -> Path | None:
         root = self.profile.workspace_dir

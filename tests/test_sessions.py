@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -138,6 +139,7 @@ async def make_rig(
         channel: ChannelPolicy | None = None,
         history_turns: int = 10,
         delivery: DeliveryPolicy | None = None,
+        workspace_dir: Path | None = None,
     ) -> Rig:
         model = model or EchoModel(delay_s=delay_s, tool_first=tool_first)
         outlet = outlet or RecordingOutlet()
@@ -153,6 +155,7 @@ async def make_rig(
                 lease_ttl_s=lease_ttl_s,
                 history_turns=history_turns,
             ),
+            workspace_dir=workspace_dir,
         )
         manager = SessionManager(
             store,
@@ -493,6 +496,24 @@ async def test_reset_command_starts_a_fresh_session(make_rig: Callable[..., Any]
     last = rig.model.requests[-1]
     assert all("zebra" not in (m.content or "") for m in last.messages)
     assert any(wrap_user_text("what was the word?") == m.content for m in last.messages)
+
+
+async def test_reset_clears_the_sessions_workspace(
+    make_rig: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Kept tool results and skill files stayed readable by the fresh session after /reset."""
+    rig: Rig = await make_rig(workspace_dir=tmp_path / "ws")
+    await rig.manager.submit(msg("hello"))
+    await settle(rig)
+    folder = tmp_path / "ws" / "default_test_default_c1"  # the session's, as runs name it
+    (folder / "results").mkdir(parents=True, exist_ok=True)
+    (folder / "results" / "r1-1.json").write_text('"the old card number"')
+    other = tmp_path / "ws" / "default_test_default_c2"
+    other.mkdir(parents=True)
+    await rig.manager.submit(msg("/reset", kind=MessageKind.COMMAND, command="reset"))
+    await settle(rig)
+    assert not folder.exists()
+    assert other.exists()  # only this session's
 
 
 async def test_history_is_shown_on_the_next_turn(make_rig: Callable[..., Any]) -> None:
