@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 from typing import Literal
@@ -66,6 +67,23 @@ class _ParserRefusals(logging.Filter):
 PARSER_REFUSALS = _ParserRefusals()
 
 
+class _WebSessionIds(logging.Filter):
+    """A web chat's session key ends in the browser's cookie, its only credential: whoever
+    read it in a log could open that chat. Lines show its first 6 characters (as the console
+    names a web visitor), enough to tell visitors apart."""
+
+    _KEY = re.compile(r"(:web:[^:\s]+:)([A-Za-z0-9_-]{6})[A-Za-z0-9_-]{10,58}")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        session = getattr(record, "session", None)
+        if isinstance(session, str) and ":web:" in session:
+            record.session = self._KEY.sub(r"\1\2…", session)
+        text = record.getMessage()
+        if ":web:" in text:
+            record.msg, record.args = self._KEY.sub(r"\1\2…", text), None
+        return True
+
+
 def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -78,6 +96,7 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     # them out (the logging HOWTO's "Optimization" list), a fifth of what a line costs
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    handler.addFilter(_WebSessionIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")

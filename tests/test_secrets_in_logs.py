@@ -466,6 +466,15 @@ def test_no_secret_in_the_gateway_log(evidence: Evidence) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_no_web_chat_cookie_in_the_gateway_log(evidence: Evidence) -> None:
+    """The cookie is the web chat's only credential and its session key's last part, which
+    every run's log line carried: whoever read the log could open that chat."""
+    cookie = COOKIE["Cookie"].split("=", 1)[1]
+    assert cookie not in evidence.log
+    assert "default:web:default:secret…" in evidence.log  # the control: its lines are there
+
+
+@pytest.mark.timeout(120)
 def test_the_telegram_token_is_scrubbed_from_the_bot_api_url_in_the_debug_log(
     evidence: Evidence,
 ) -> None:
