@@ -580,3 +580,93 @@ async def test_a_pooled_connection_the_server_closed_is_a_store_error(
     finally:
         monkeypatch.undo()
         await store.aclose()
+
+
+async def test_postgresql_that_cannot_take_writes_is_not_ready(pg_url: str) -> None:
+    """After a failover the old primary can come back read-only (or as a standby): /readyz
+    read the inbox, said ready, and every webhook got a 503."""
+    from core.store.postgres import PostgresStore
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    assert store._pool is not None
+    writable = store._pool
+    read_only = await asyncpg.create_pool(
+        pg_url + "&default_transaction_read_only=on", min_size=1, max_size=1
+    )
+    try:
+        await store.ping()
+        store._pool = read_only
+        with pytest.raises(StoreError, match="read-only"):
+            await store.ping()
+        store._pool = writable
+        await store.ping()
+    finally:
+        store._pool = writable
+        await read_only.close()
+        await store.aclose()
+
+
+async def test_postgresql_readiness_answers_within_its_deadline_and_says_why(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting for a pooled connection was outside the ping's 2 s (up to 10 s more), and a
+    timeout was reported as "store operation failed: " with no reason."""
+    from core.store.postgres import PostgresStore
+
+    monkeypatch.setattr("core.store.postgres.PING_TIMEOUT_S", 0.3)
+    store = PostgresStore(pg_url)
+    await store.start()
+    assert store._pool is not None
+
+    @contextlib.asynccontextmanager
+    async def stalled(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        await asyncio.sleep(30)
+        yield
+
+    @contextlib.asynccontextmanager
+    async def timing_out(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise TimeoutError
+        yield
+
+    try:
+        monkeypatch.setattr(type(store._pool), "acquire", stalled)
+        async with asyncio.timeout(2):
+            with pytest.raises(StoreError, match=r"did not answer within 0\.3 s"):
+                await store.ping()
+        monkeypatch.setattr(type(store._pool), "acquire", timing_out)
+        with pytest.raises(StoreError, match="store operation failed: TimeoutError"):
+            await store.sessions_with_work()
+    finally:
+        monkeypatch.undo()
+        await store.aclose()
+
+
+async def test_sqlite_locked_by_another_process_is_not_ready_and_recovers(tmp_path: Path) -> None:
+    """Another process held the file's write lock: every webhook waited out the busy timeout
+    and got a 503 (a batch of them one after another, each waiting again), while /readyz,
+    which only read, said ready."""
+    path = tmp_path / "sb.db"
+    store = SqliteStore(str(path))
+    await store.start()
+    other = sqlite3.connect(path, isolation_level=None, timeout=0)
+    try:
+        await store.ping()
+        other.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreError, match="locked"):
+            await store.kv_set("ns", "k", "v")
+        async with asyncio.timeout(4):  # the probe write gives up on /readyz's behalf in 2 s
+            with pytest.raises(StoreError, match="cannot write: database is locked"):
+                await store.ping()
+        other.execute("ROLLBACK")
+        async with asyncio.timeout(10):
+            while True:  # the probe still queued gets through and clears the fault
+                with contextlib.suppress(StoreError):
+                    await store.ping()
+                    break
+                await asyncio.sleep(0.1)
+        await store.kv_set("ns", "k", "v")
+        assert await store.kv_get("ns", "k") == "v"
+    finally:
+        other.close()
+        await store.aclose()

@@ -203,15 +203,24 @@ class PostgresStore:
                 else:
                     yield c
         except DRIVER_ERRORS as exc:
-            raise StoreError(f"store operation failed: {exc or type(exc).__name__}") from exc
+            raise StoreError(f"store operation failed: {str(exc) or type(exc).__name__}") from exc
 
     async def ping(self) -> None:
-        """Ready: a connection, and the inbox readable within PING_TIMEOUT_S (a server that
-        answers SELECT 1 can still be stuck on the tables every webhook writes)."""
-        async with self._conn() as c:
-            await c.fetchval(
-                "SELECT count(*) FROM (SELECT 1 FROM inbox LIMIT 1) AS t", timeout=PING_TIMEOUT_S
-            )
+        """Ready: within PING_TIMEOUT_S in all (a pooled connection included), the inbox
+        readable (a server that answers SELECT 1 can still be stuck on the tables every
+        webhook writes) and the server taking writes (after a failover the old primary may
+        come back as a standby, or read-only, and refuse every one)."""
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S), self._conn() as c:
+                row = await c.fetchrow(
+                    "SELECT (SELECT count(*) FROM (SELECT 1 FROM inbox LIMIT 1) AS t),"
+                    " pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'"
+                )
+        except TimeoutError:
+            raise StoreError(f"store did not answer within {PING_TIMEOUT_S:g} s") from None
+        if row[1] or row[2]:
+            what = "a standby (in recovery)" if row[1] else "read-only"
+            raise StoreError(f"store is {what}: it cannot take writes")
 
     # inbox
 

@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 WriteOp = Callable[[sqlite3.Connection], Any]
 WAL_RESTART_PAGES = 1000  # SQLite's own auto-checkpoint size
+PING_TIMEOUT_S = 2.0  # how long /readyz waits for a write once writes have failed
 
 
 class _Op:
@@ -181,13 +182,21 @@ class SqliteStore:
 
     async def ping(self) -> None:
         """Reachable, and taking writes: once the disk has refused one (full, read-only, an
-        I/O error), a small write must succeed before the store counts as ready again."""
+        I/O error) or another process held the file locked past the busy timeout, a small
+        write must succeed before the store counts as ready again. The answer comes within
+        PING_TIMEOUT_S; a probe still waiting for the lock goes on, and clears the fault when
+        it gets through."""
         if self._lost is not None:
             raise StoreError(self._lost)
         if self._write_fault is None:
             await self._read(lambda c: _fetchone(c, "SELECT 1"))
-        else:
-            await self._write(_probe_write, durable=False)
+            return
+        fault = self._write_fault
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await self._write(_probe_write, durable=False)
+        except TimeoutError:
+            raise StoreError(f"store cannot write: {fault}") from None
 
     # write path: one writer, grouped commits
 
@@ -811,6 +820,8 @@ class _Failed:
 
 _DISK_FAULTS = frozenset(
     {
+        sqlite3.SQLITE_BUSY,  # another process holds the file locked
+        sqlite3.SQLITE_LOCKED,
         sqlite3.SQLITE_FULL,
         sqlite3.SQLITE_IOERR,
         sqlite3.SQLITE_READONLY,
@@ -823,7 +834,8 @@ _DISK_FAULTS = frozenset(
 
 
 def _disk_fault(exc: BaseException) -> bool:
-    """A write the disk or the file refused, as opposed to one bad statement."""
+    """A write the disk or the file refused (or another process kept locked), as opposed to
+    one bad statement."""
     code = getattr(exc, "sqlite_errorcode", None)
     return isinstance(code, int) and code & 0xFF in _DISK_FAULTS
 
@@ -881,6 +893,8 @@ def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = Tru
     except Exception as exc:
         with contextlib.suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
+        if _disk_fault(exc):  # every op would meet it (and wait out the lock) again; the
+            return [_Failed(exc)] * len(fns)  # store logs the fault once, not per write
         if len(fns) > 1:  # one bad op must not fail its neighbours: redo them one by one
             return [one for fn in fns for one in _run_batch(conn, [fn], durable)]
         if not isinstance(exc, _LeaseLost):
