@@ -215,6 +215,17 @@ class SessionRunner:
         self.overflow_noticed = False
         self.batch_ids = set(run.inbox_ids)
         self.batch_texts = [describe_inbound(i.message) for i in batch]
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
+        quotas, over, refused = await self._reserve(batch, day, run.credits)
+        if refused is not None:
+            await self._refuse(run, refused)
+            return
+        if over:  # in a group: answer the others, and tell those over their limit
+            self.batch_texts = [
+                describe_inbound(i.message) for i in batch if i.message.sender.id not in over
+            ]
+            await self.notice(self.mgr.quota.message)
         if session is None:
             session = await self.mgr.store.get_session(self.skey)
         turns = self.policy.history_turns
@@ -233,14 +244,6 @@ class SessionRunner:
             guard=self._fence,
             confirmations=[c for i in batch if (c := _confirmation(i)) is not None],
         )
-        quotas = self.mgr.quota.quotas(self.key, batch[0].message.sender.id)
-        day = time.strftime("%Y-%m-%d", time.gmtime())
-        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
-        if quotas:
-            refused = await self.mgr.store.reserve_usage(day, run.credits, quotas)
-            if refused is not None:
-                await self._refuse(run, refused)
-                return
         live = self._live()
         if live is not None:
             await _quietly(live.run_started(self.key, run.id, batch[-1].message), self.skey)
@@ -339,6 +342,33 @@ class SessionRunner:
         for call in run.detail.get("calls", []):
             if "seconds" in call:
                 t.model_call(call["seconds"])
+
+    async def _reserve(
+        self, batch: list[InboxItem], day: str, credits: float
+    ) -> tuple[list[Quota], set[str], Quota | None]:
+        """Each person whose message the turn answers is charged the run (in a group a turn
+        can answer several): (the quotas reserved, the senders over their own limit, whose
+        messages the turn leaves out, and the quota refusing the whole turn: the channel's,
+        or every sender's own)."""
+        senders = list(dict.fromkeys(i.message.sender.id for i in batch))
+        wanted: dict[tuple[str, str], Quota] = {}
+        owner: dict[tuple[str, str], str] = {}
+        for sender in senders:
+            for q in self.mgr.quota.quotas(self.key, sender):
+                wanted[(q.scope, q.key)] = q
+                if q.scope == "user":
+                    owner[(q.scope, q.key)] = sender
+        over: set[str] = set()
+        while wanted:
+            refused = await self.mgr.store.reserve_usage(day, credits, list(wanted.values()))
+            if refused is None:
+                break
+            who = owner.get((refused.scope, refused.key))
+            if who is None or len(over) + 1 == len(senders):
+                return [], over, refused
+            over.add(who)
+            del wanted[(refused.scope, refused.key)]
+        return list(wanted.values()), over, None
 
     async def _refuse(self, run: RunRecord, quota: Quota) -> None:
         """Over quota: a polite answer, no model call; the messages count as answered."""

@@ -127,3 +127,28 @@ def _today() -> str:
     import time
 
     return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+async def test_in_a_group_each_person_is_checked_and_charged_for_themselves(
+    make: Any, store: Store
+) -> None:
+    """A turn answering several people (a group, a thread) checked and charged only the first
+    message's sender: Bob, with his whole allowance left, was refused because Ana, over hers,
+    wrote just before him (and the other way round, Ana got answers on Bob's credits)."""
+    model = ScriptedModel(delay_s=0.3)
+    model.add(text("for ana"), text("for carol"), text("for bob"))
+    policy = QuotaPolicy(credits_per_run=1.0, user_daily=1.0, message="Limit reached.")
+    manager, outlet = await make(model, policy)
+    await manager.submit(_msg("ana's first", "1", sender="ana"))
+    await _settle(manager)
+    await manager.submit(_msg("carol asks", "2", sender="carol"))
+    await asyncio.sleep(0.1)  # carol's turn is running: the next two wait for one turn
+    await manager.submit(_msg("ana again", "3", sender="ana"))
+    await manager.submit(_msg("bob asks", "4", sender="bob"))
+    await _settle(manager)
+    assert outlet.texts() == ["for ana", "for carol", "Limit reached.", "for bob"]
+    asked = [m.content or "" for m in model.requests[-1].messages]
+    assert any("bob asks" in c for c in asked)
+    assert not any("ana again" in c for c in asked)
+    for person in ("ana", "bob", "carol"):
+        assert await store.usage(_today(), "user", f"test:default:{person}") == 1.0
