@@ -11,6 +11,7 @@ SKILL.md starts with front matter of flat `key: value` lines (the format other a
 
 `description` is accepted for `summary`; `name` defaults to the folder name; without front matter
 the first line of body text is the summary. `network: true` lets the skill's scripts connect out.
+A UTF-8 byte order mark is ignored; front matter opened but never closed is an error, not body.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ __all__ = [
 SKILL_FILE = "SKILL.md"
 MAX_SUMMARY = 200
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-_FRONT = re.compile(r"\A---[ \t]*\n(.*?)\n---[ \t]*(?:\n|\Z)", re.DOTALL)
+_OPEN = re.compile(r"\A---[ \t]*(?:\n|\Z)")
+_FRONT = re.compile(r"\A---[ \t]*\n(.*?)^---[ \t]*(?:\n|\Z)", re.DOTALL | re.MULTILINE)
 _KEY = re.compile(r"^([A-Za-z][\w-]*)\s*:\s*(.*?)\s*$")
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -60,15 +62,7 @@ class Skill:
 
 def parse_skill_md(text: str, folder: str) -> tuple[str, str, bool]:
     """(name, summary, network) of a SKILL.md; ValueError says what is wrong."""
-    meta: dict[str, str] = {}
-    body = text
-    if m := _FRONT.match(text):
-        body = text[m.end() :]
-        for line in m.group(1).splitlines():
-            if kv := _KEY.match(line):
-                meta[kv.group(1).lower()] = _unquote(kv.group(2))
-            elif line.strip() and not line.lstrip().startswith("#"):
-                raise ValueError(f"front matter line is not 'key: value': {line.strip()!r}")
+    meta, body = _front_matter(text.removeprefix("\ufeff"))  # the BOM some editors write
     name = meta.get("name") or folder
     if not _NAME.match(name):
         raise ValueError(f"name {name!r} must be lowercase letters, digits, '-' or '_'")
@@ -81,6 +75,23 @@ def parse_skill_md(text: str, folder: str) -> tuple[str, str, bool]:
     if network not in ("true", "false"):
         raise ValueError(f"network must be true or false, not {network!r}")
     return name, summary, network == "true"
+
+
+def _front_matter(text: str) -> tuple[dict[str, str], str]:
+    """The front matter's keys (lowercased) and the body after it. Opened but never closed is an
+    error: read as body, its `---` would become the summary and its keys would be lost."""
+    m = _FRONT.match(text)
+    if m is None:
+        if _OPEN.match(text):
+            raise ValueError("front matter opened with '---' is never closed by a '---' line")
+        return {}, text
+    meta: dict[str, str] = {}
+    for line in m.group(1).splitlines():
+        if kv := _KEY.match(line):
+            meta[kv.group(1).lower()] = _unquote(kv.group(2))
+        elif line.strip() and not line.lstrip().startswith("#"):
+            raise ValueError(f"front matter line is not 'key: value': {line.strip()!r}")
+    return meta, text[m.end() :]
 
 
 def _unquote(value: str) -> str:
@@ -111,7 +122,7 @@ def discover_skills(root: str | Path) -> list[Skill]:
     for doc in sorted(base.glob(f"*/{SKILL_FILE}")):
         where = doc.as_posix()
         try:
-            text = doc.read_text(encoding="utf-8")
+            text = doc.read_text(encoding="utf-8-sig")  # no BOM in what load_skill shows
             name, summary, network = parse_skill_md(text, doc.parent.name)
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             problems.append((where, str(exc)))

@@ -115,6 +115,14 @@ async def test_current_time_is_timezone_aware() -> None:
     assert bad.error == "failed"
 
 
+async def test_current_time_names_a_zone_folder_as_unknown() -> None:
+    """A folder of zones (zoneinfo raises IsADirectoryError): an error the model can correct."""
+    tools = ToolRegistry([CurrentTime()])
+    ctx = ToolContext(session="s", run_id="r")
+    bad = await tools.call("current_time", '{"timezone": "Europe"}', ctx)
+    assert json.loads(bad.content) == {"error": "failed", "detail": "unknown timezone 'Europe'"}
+
+
 async def test_read_result_pages_through_a_kept_list(tmp_path: Path) -> None:
     class Rows:
         name = "rows"

@@ -58,6 +58,16 @@ def gone(pid: int) -> bool:
         return f.read().split(") ")[1].startswith("Z")
 
 
+async def dies(pid: int) -> bool:
+    """Whether pid is gone within 2 s: a killed process lets go of its pipes a moment before
+    it is a zombie."""
+    for _ in range(100):
+        if gone(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 # -- discovery ------------------------------------------------------------------------------
 
 
@@ -91,6 +101,8 @@ def test_skills_prompt_shows_only_names_and_summaries(tmp_path: Path) -> None:
         ('---\nsummary: "Says hi."\nnetwork: TRUE\n---\n', ("folder", "Says hi.", True)),
         ("# Title\n\nFirst line of text.\nMore.\n", ("folder", "First line of text.", False)),
         ("---\nsummary: s\nlicense: MIT\n# a comment\n---\n", ("folder", "s", False)),
+        ("\ufeff---\nname: x\nsummary: s\nnetwork: true\n---\n", ("x", "s", True)),  # a BOM
+        ("---\n---\nFirst line of text.\n", ("folder", "First line of text.", False)),
     ],
 )
 def test_parse_skill_md(text: str, expected: tuple[str, str, bool]) -> None:
@@ -105,6 +117,8 @@ def test_parse_skill_md(text: str, expected: tuple[str, str, bool]) -> None:
         ("# Only a heading\n", "no summary"),
         ("---\nsummary: " + "x" * 201 + "\n---\n", "one line"),
         ("---\nsummary: s\nnot a pair\n---\n", "key: value"),
+        ("---\nname: x\nsummary: s\nnetwork: true\n# Body\n", "never closed"),
+        ("---", "never closed"),
     ],
 )
 def test_parse_skill_md_rejects(text: str, problem: str) -> None:
@@ -126,6 +140,28 @@ def test_discovery_names_each_bad_skill_file(tmp_path: Path) -> None:
         (tmp_path / "good/SKILL.md").as_posix(),
     ]
     assert "duplicate" in exc.value.problems[1][1]
+
+
+def test_discovery_reads_front_matter_after_a_bom(tmp_path: Path) -> None:
+    """Some editors start UTF-8 files with a byte order mark: the front matter still counts."""
+    (tmp_path / "booking").mkdir()
+    (tmp_path / "booking" / "SKILL.md").write_bytes(
+        b"\xef\xbb\xbf---\nname: table-booking\nsummary: Books a table.\nnetwork: true\n---\n# B\n"
+    )
+    [skill] = discover_skills(tmp_path)
+    assert (skill.name, skill.summary, skill.network) == ("table-booking", "Books a table.", True)
+    assert skill.instructions.startswith("---\nname: table-booking")
+
+
+def test_unclosed_front_matter_is_a_config_error(tmp_path: Path) -> None:
+    """Read as body, its '---' would be the summary and `network: true` would be lost."""
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open" / "SKILL.md").write_text("---\nsummary: s\nnetwork: true\n# Body\n")
+    with pytest.raises(ConfigError) as exc:
+        discover_skills(tmp_path)
+    [(where, problem)] = exc.value.problems
+    assert where == (tmp_path / "open" / "SKILL.md").as_posix()
+    assert "never closed" in problem
 
 
 def test_session_workdir_stays_inside_the_root(tmp_path: Path) -> None:
@@ -298,11 +334,7 @@ async def test_timeout_kills_the_whole_process_group(tmp_path: Path, workspace: 
     result = await run(tool_for(tmp_path, workspace, timeout_s=1.0), "slow")
     assert "took longer than 1 s and was stopped" in detail(result)
     child = int((session_workdir(workspace, CTX.session) / "pids").read_text())
-    for _ in range(100):
-        if gone(child):
-            break
-        await asyncio.sleep(0.02)
-    assert gone(child)
+    assert await dies(child)
 
 
 async def test_cancelled_run_leaves_no_process(tmp_path: Path, workspace: Path) -> None:
@@ -426,6 +458,7 @@ async def test_raw_socket_bypass_meets_an_empty_network_namespace(
         "data.json",
         "missing.py",
         "sub/../../outside/evil.py",
+        "run.py\x00",  # a NUL byte: no path at all
     ],
 )
 async def test_paths_outside_the_skill_are_refused(
@@ -503,10 +536,56 @@ async def test_output_is_capped(
     assert script.stdout.at_eof()
 
 
+async def test_args_with_a_lone_surrogate_are_an_error_result(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """Valid JSON ("\\ud83d"), but no UTF-8 can carry it to the script: the model must fix it."""
+    make_skill(tmp_path, "echo", "print(1)\n")
+    result = await run(tool_for(tmp_path, workspace), "echo", bike="\ud83d")
+    assert "not valid Unicode (a lone surrogate" in detail(result)
+
+
 async def test_oversized_args_are_refused(tmp_path: Path, workspace: Path) -> None:
     make_skill(tmp_path, "echo", "print(1)\n")
     result = await run(tool_for(tmp_path, workspace), "echo", blob="x" * 70_000)
     assert "args are too large" in detail(result)
+
+
+LEAVES_A_CHILD = """
+import json, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+open("child", "w").write(str(child.pid))
+{end}
+"""
+
+
+@pytest.mark.parametrize(
+    ("end", "outcome"),
+    [
+        ("print(json.dumps({'quote': 80}))", '{"quote": 80}'),
+        ("sys.exit('no such bike')", "failed (exit 1): no such bike"),
+    ],
+)
+async def test_a_child_left_running_neither_delays_nor_outlives_the_script(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, end: str, outcome: str
+) -> None:
+    """The child holds the pipes open: the script's exit, not their end, ends the call, and the
+    process group is killed even though the script itself has already exited."""
+    make_skill(tmp_path, "bg", LEAVES_A_CHILD.format(end=end))
+    spawned: list[asyncio.subprocess.Process] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def spy(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        spawned.append(await spawn(*args, **kwargs))
+        return spawned[-1]
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spy)
+    result = await run(tool_for(tmp_path, workspace, timeout_s=5.0), "bg")
+    assert outcome in (result.content if result.ok else detail(result))
+    assert await dies(int((session_workdir(workspace, CTX.session) / "child").read_text()))
+    script = spawned[-1]
+    assert script.stdout is not None
+    assert script.stdout.at_eof()  # its pipes are closed now, not by the garbage collector
 
 
 def test_run_timeout_must_fit_under_the_tool_timeout(tmp_path: Path) -> None:

@@ -124,7 +124,7 @@ class CurrentTime:
     async def __call__(self, args: TimeArgs, ctx: ToolContext) -> dict[str, Any]:
         try:
             zone = ZoneInfo(args.timezone) if args.timezone else self._default
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError, OSError) as exc:  # OSError: a zone folder ("Europe")
             raise ToolError(f"unknown timezone {args.timezone!r}") from exc
         now = datetime.now(zone)
         return {

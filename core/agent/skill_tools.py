@@ -3,10 +3,11 @@ sandboxed subprocess and returns the JSON it prints.
 
 The sandbox: `python -I` (no user site, no PYTHON* variables) with a minimal environment, the
 session's own working folder (`files/` in the run's workspace, or a folder per session under
-`workspace_root`), JSON arguments on stdin, a wall-clock timeout that kills the whole
-process group, an address-space cap, a cap on what it prints, and, unless the skill declares
-`network: true`, no network: a bootstrap replaces the socket entry points before the script runs,
-and where the system allows it the process also gets an empty network namespace (`unshare`).
+`workspace_root`), JSON arguments on stdin, a wall-clock timeout, its whole process group killed
+when the call ends (a child it left running too), an address-space cap, a cap on what it prints,
+and, unless the skill declares `network: true`, no network: a bootstrap replaces the socket entry
+points before the script runs, and where the system allows it the process also gets an empty
+network namespace (`unshare`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 MAX_ARGS_BYTES = 64 * 1024
 STDERR_KEEP = 4096  # the tail of stderr kept for error details
+EXIT_POLL_S = 0.05  # how often a script's exit is looked at while a child holds its pipes
+PIPE_GRACE_S = 0.25  # once the script has exited, to read what it printed before
+REAP_S = 1.0  # at the end, to read the pipes to their end and collect the script
 UNSHARE_PATHS = ("/usr/bin/unshare", "/bin/unshare")  # fixed paths: never whatever PATH says
 UNSHARE_FLAGS = (("--net",), ("--map-root-user", "--net"))  # as root; else in a user namespace
 
@@ -135,9 +139,7 @@ class RunSkillScript:
     async def __call__(self, args: RunSkillArgs, ctx: ToolContext) -> Any:
         skill = _find(self._skills, args.skill)
         script = _resolve_script(skill, args.script)
-        payload = json.dumps(args.args, ensure_ascii=False).encode()
-        if len(payload) > MAX_ARGS_BYTES:
-            raise ToolError(f"args are too large ({len(payload)} bytes; at most {MAX_ARGS_BYTES}).")
+        payload = _encode_args(args.args)
         workdir = self._workdir(ctx)
         prefix = () if skill.network else await self._net_sandbox()
         ref = f"{skill.name}/{args.script}"
@@ -151,7 +153,7 @@ class RunSkillScript:
             stderr=asyncio.subprocess.PIPE,
             cwd=workdir,
             env=_environment(workdir, skill),
-            start_new_session=True,  # its own process group, killed whole on timeout
+            start_new_session=True,  # its own process group, killed whole at the end
         )
         try:
             async with asyncio.timeout(self._run_timeout):
@@ -161,10 +163,7 @@ class RunSkillScript:
                 f"{ref} took longer than {self._run_timeout:g} s and was stopped."
             ) from None
         finally:
-            if proc.returncode is None:  # timed out or cancelled: never leave it running
-                _kill(proc)
-                await proc.wait()
-            await _drain(proc)
+            await _reap(proc)  # succeeded, failed, timed out or cancelled: nothing stays running
         if too_big:
             raise ToolError(f"{ref} printed more than {self._max_output} bytes and was stopped.")
         detail = _tail(err)
@@ -190,10 +189,14 @@ class RunSkillScript:
     async def _communicate(
         self, proc: asyncio.subprocess.Process, payload: bytes
     ) -> tuple[bytes, bytes, bool]:
-        """Feed stdin and read both outputs at once; stop the script if it prints too much."""
+        """Feed stdin and read both outputs until the script exits; stop it if it prints too much.
+
+        The script's exit ends the reading, not the end of its pipes: a child it left running may
+        hold them open, and what the script printed is complete once it has exited."""
         assert proc.stdin is not None
         assert proc.stdout is not None
         assert proc.stderr is not None
+        out, err = bytearray(), bytearray()
 
         async def feed(stdin: asyncio.StreamWriter) -> None:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -201,26 +204,29 @@ class RunSkillScript:
                 await stdin.drain()
             stdin.close()
 
-        async def read_out(stream: asyncio.StreamReader) -> tuple[bytes, bool]:
-            buf = bytearray()
+        async def read_out(stream: asyncio.StreamReader) -> None:
             while chunk := await stream.read(65536):
-                buf += chunk
-                if len(buf) > self._max_output:
-                    _kill(proc)
-                    return bytes(buf[: self._max_output]), True
-            return bytes(buf), False
+                if len(out) <= self._max_output:
+                    out.extend(chunk)
+                    if len(out) > self._max_output:
+                        _kill(proc)  # and read on to the end, so the pipe closes
 
-        async def read_err(stream: asyncio.StreamReader) -> bytes:
-            buf = bytearray()
+        async def read_err(stream: asyncio.StreamReader) -> None:
             while chunk := await stream.read(65536):
-                buf = (buf + chunk)[-STDERR_KEEP:]
-            return bytes(buf)
+                err.extend(chunk)
+                del err[:-STDERR_KEEP]
 
-        _, (out, too_big), err = await asyncio.gather(
-            feed(proc.stdin), read_out(proc.stdout), read_err(proc.stderr)
-        )
-        await proc.wait()
-        return out, err, too_big
+        async with asyncio.TaskGroup() as group:
+            io = [
+                group.create_task(feed(proc.stdin)),
+                group.create_task(read_out(proc.stdout)),
+                group.create_task(read_err(proc.stderr)),
+            ]
+            await _exited(proc, io)
+            await asyncio.wait(io, timeout=PIPE_GRACE_S)  # what is still on its way in
+            for task in io:
+                task.cancel()  # a no-op unless a child holds a pipe
+        return bytes(out[: self._max_output]), bytes(err), len(out) > self._max_output
 
     async def _net_sandbox(self) -> tuple[str, ...]:
         """The unshare prefix that works here (tried once), or () where none does."""
@@ -233,14 +239,29 @@ class RunSkillScript:
             return self._sandbox
 
 
-async def _drain(proc: asyncio.subprocess.Process) -> None:
-    """Read what a finished script left in its pipes (a script stopped for printing too much
-    left its output unread): a pipe is closed once read to the end, not when collected."""
+async def _exited(proc: asyncio.subprocess.Process, io: list[asyncio.Task[None]]) -> None:
+    """Return once the script itself has exited. `proc.wait()` also waits for the pipes to
+    close, which a child the script left running may never do, so while they are open the exit
+    status is looked at every EXIT_POLL_S instead."""
+    while proc.returncode is None:
+        if all(task.done() for task in io):
+            await proc.wait()  # its pipes are closed: wait() sees the exit itself
+            return
+        await asyncio.wait(io, timeout=EXIT_POLL_S)
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the script's whole process group, then read its pipes to the end and collect it: a
+    pipe closes once read to the end, not when collected, and a transport left open is only
+    closed (with a warning) by the garbage collector. Bounded: a process that left the group
+    (setsid) may still hold a pipe."""
+    _kill(proc)
     with contextlib.suppress(TimeoutError, OSError):
-        async with asyncio.timeout(1.0):  # a grandchild that left the group may hold a pipe
+        async with asyncio.timeout(REAP_S):
             for stream in (proc.stdout, proc.stderr):
                 while stream is not None and await stream.read(65536):
                     pass
+            await proc.wait()
 
 
 async def _probe_unshare(unshare: str | None, python: str) -> tuple[str, ...]:
@@ -272,11 +293,30 @@ def _find(skills: dict[str, Skill], name: str) -> Skill:
 
 def _resolve_script(skill: Skill, script: str) -> Path:
     """The script's real path, only if it is a .py file inside the skill's folder."""
-    path = (skill.path / script).resolve()
-    if path.suffix != ".py" or not path.is_relative_to(skill.path) or not path.is_file():
+    try:
+        path = (skill.path / script).resolve()
+        found = path.suffix == ".py" and path.is_relative_to(skill.path) and path.is_file()
+    except (OSError, ValueError, RuntimeError):  # a NUL byte in the name; a symlink loop
+        found = False
+    if not found:
         scripts = ", ".join(skill.scripts()) or "none"
         raise ToolError(f"{skill.name} has no script {script!r}. Scripts: {scripts}.")
     return path
+
+
+def _encode_args(args: dict[str, Any]) -> bytes:
+    """The JSON the script reads on stdin. A lone surrogate is valid JSON but no UTF-8: the
+    model's to correct, like any other bad argument."""
+    try:
+        payload = json.dumps(args, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ToolError(
+            "args hold text that is not valid Unicode (a lone surrogate such as \\ud83d); "
+            "send the characters themselves."
+        ) from None
+    if len(payload) > MAX_ARGS_BYTES:
+        raise ToolError(f"args are too large ({len(payload)} bytes; at most {MAX_ARGS_BYTES}).")
+    return payload
 
 
 def _environment(workdir: Path, skill: Skill) -> dict[str, str]:
