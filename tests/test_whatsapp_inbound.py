@@ -292,3 +292,21 @@ async def test_removed_reaction_is_ignored(gw: Gateway, fake_openai: FakeOpenAI)
     await asyncio.sleep(0.2)
     assert fake_openai.requests == []
     assert await gw.store.last_inbound_at(session()) is None
+
+
+async def test_a_stranger_the_allowlist_refuses_is_told_once_that_it_is_private(
+    tmp_path: Path, graph: FakeGraph, fake_openai: FakeOpenAI
+) -> None:
+    """The notice was judged outside the 24-hour window (the refused message is not stored,
+    and the window was marked open only for stored ones): silence, a dead letter and ERROR
+    lines, where Telegram and Slack tell the stranger."""
+    stranger = "15550000002"
+    extra = f'access = "allowlist"\nallow_from = ["{USER}"]\n'
+    async with running_gateway(tmp_path, graph, fake_openai.url, extra) as gw:
+        for i in range(2):
+            note = text_message(f"hello {i}", user=stranger, mid=f"wamid.S{i}")
+            assert (await gw.notify(note)).status_code == 200
+        await until(lambda: gw.graph.texts(stranger))
+        await asyncio.sleep(0.3)
+        assert gw.graph.texts(stranger) == ["Sorry, this assistant is private."]
+        assert fake_openai.requests == []

@@ -41,7 +41,6 @@ from channels.whatsapp.sender import NS_SEEN, Sender
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
-from core.store import InboxStatus
 
 __all__ = ["OUTPUT_RULES", "WhatsAppAdapter"]
 
@@ -162,10 +161,11 @@ class WhatsAppAdapter:
         for msg in await fetch_all(self._graph, self._ctx, fresh, self._s.media_timeout_s):
             key = self._key(msg)
             session = str(key)
-            stored = await self._ctx.submit(await self._menu_choice(msg, session), key)
+            # before it is stored: a notice submit queues (to a stranger the allowlist
+            # refuses, who is not stored) may go out at once, inside the window they opened
+            self._sender.heard(session, msg.received_at)
+            await self._ctx.submit(await self._menu_choice(msg, session), key)
             self._recent[_rid(msg)] = None
-            if stored.status is not InboxStatus.REFUSED:
-                self._sender.heard(session, msg.received_at)
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:
         """A typed number or title answering the text menu we last sent becomes that button."""
