@@ -1,8 +1,9 @@
 """The knowledge base: Markdown, text, HTML and PDF files split into sections with keywords,
-searched with BM25; the index is stored and reused until the files change."""
+searched with BM25 in any language; the index is stored and reused until the files change."""
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -23,10 +24,21 @@ __all__ = ["Hit", "KnowledgeBase", "Section", "file_sections", "split_sections",
 log = logging.getLogger(__name__)
 
 SUFFIXES = (".md", ".markdown", ".txt", ".html", ".htm", ".pdf")
-INDEX_VERSION = 1  # bump when tokenize, keywords or the stored layout change
+INDEX_VERSION = 2  # bump when tokenize, keywords or the stored layout change
 KEYWORDS = 5  # per section
 K1, B = 1.5, 0.75  # BM25 term saturation and length normalization
-_WORD = re.compile(r"[a-z0-9]+")
+_ASCII_WORD = re.compile(r"[a-z0-9]+")
+# scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, kana, Han, Hangul):
+# their runs are indexed as overlapping character pairs, so any word in them can be found
+_UNSPACED = re.compile(
+    "[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf"
+    "\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0003134f]+"
+)
+_HIRAGANA = re.compile("[\u3040-\u309f]+")
+# Latin letters with a stroke, dotless i and ligatures: Unicode gives them no base letter to fold to
+_LATIN_LETTERS = str.maketrans(
+    {"ł": "l", "đ": "d", "ð": "d", "ø": "o", "\u0131": "i", "æ": "ae", "œ": "oe", "þ": "th"}
+)
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 STOPWORDS = frozenset(
     (
@@ -48,11 +60,9 @@ _FILLER = frozenset(
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercase, strip accents, drop stop words, fold simple plurals."""
-    folded = unicodedata.normalize("NFKD", text.lower())
-    folded = "".join(ch for ch in folded if not unicodedata.combining(ch))
+    """Words folded for matching (see `_words`), without stop words, simple plurals folded."""
     out = []
-    for word in _WORD.findall(folded):
+    for word in _words(text):
         if word in STOPWORDS:
             continue
         if len(word) > 4 and word.endswith("ies"):
@@ -61,6 +71,66 @@ def tokenize(text: str) -> list[str]:
             word = word[:-1]
         out.append(word)
     return out
+
+
+def _words(text: str) -> list[str]:
+    """The folded words of text, in any script; a run of a script written without spaces is
+    cut into its overlapping character pairs (one character alone stays one)."""
+    if text.isascii():  # the common case, and its result is the same as the general one
+        return _ASCII_WORD.findall(text.lower())
+    folded = _fold(text)
+    if _UNSPACED.search(folded) is None:
+        return folded.split()
+    return [part for word in folded.split() for part in _unspaced_pairs(word)]
+
+
+def _unspaced_pairs(word: str) -> Iterator[str]:
+    """The word with each run of an unspaced script replaced by its pairs."""
+    start = 0
+    for run in _UNSPACED.finditer(word):
+        if run.start() > start:
+            yield word[start : run.start()]
+        chars = run.group()
+        yield from (chars[i : i + 2] for i in range(max(1, len(chars) - 1)))
+        start = run.end()
+    if start < len(word):
+        yield word[start:]
+
+
+def _fold(text: str) -> str:
+    """Casefold (ß → ss), fold Latin letters that do not decompose (ł → l), drop accents (people
+    type them or not: "cafe" finds "Café"), and turn what is not a letter, digit or mark into
+    spaces."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold().translate(_LATIN_LETTERS))
+    return unicodedata.normalize("NFC", decomposed.translate(_WORD_CHARS))  # kana, Hangul
+
+
+class _WordChars(dict[int, str | None]):
+    """A `str.translate` table filled as characters are first met (so the scan stays in C):
+    the accents Latin, Greek and Cyrillic letters take are dropped (the marks other scripts
+    spell with, in their own blocks, are kept), anything but a letter, digit or mark is a
+    space."""
+
+    ACCENTS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+
+    def __missing__(self, code: int) -> str | None:
+        ch = chr(code)
+        if self.ACCENTS.match(ch):
+            out = None
+        else:
+            out = ch if unicodedata.category(ch)[0] in "LNM" else " "
+        self[code] = out
+        return out
+
+
+_WORD_CHARS = _WordChars()
+
+
+def _is_keyword(term: str) -> bool:
+    """Long enough to say something (a pair of an unspaced script is a word), not a number,
+    not filler (nor a pair of hiragana, mostly particles and endings: から, です)."""
+    long = len(term) > 2 or (len(term) == 2 and _UNSPACED.fullmatch(term) is not None)
+    return long and not term.isdigit() and term not in _FILLER and not _HIRAGANA.fullmatch(term)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +175,7 @@ class KnowledgeBase:
         since every section of the document shares it."""
         heading = section.title.rpartition(" › ")[2] if " › " in section.title else ""
         tf = Counter(tokenize(heading) * 2 + tokenize(section.text))
-        weights = {
-            t: f * self._idf[t]
-            for t, f in tf.items()
-            if len(t) > 2 and not t.isdigit() and t not in _FILLER
-        }
+        weights = {t: f * self._idf[t] for t, f in tf.items() if _is_keyword(t)}
         ranked = sorted(weights, key=lambda t: (-weights[t], t))
         return tuple(ranked[:KEYWORDS])
 
@@ -215,6 +281,57 @@ class KnowledgeBase:
         scored.sort(key=lambda h: h.score, reverse=True)
         return scored[:limit]
 
+    def passage(self, text: str, query: str, width: int) -> tuple[int, int]:
+        """Where in text (start, end: at most width characters, cut between words) the query's
+        terms weigh most, with the matches in the middle; so a snippet of a long section shows
+        the part that matched, not its start."""
+        if len(text) <= width:
+            return 0, len(text)
+        terms = set(tokenize(query))
+        pieces = _pieces(text, max(1, width // 8))
+        found = [terms.intersection(tokenize(text[start:end])) for start, end in pieces]
+        best, window = -1.0, (0, 0)
+        for i, (start, _) in enumerate(pieces):  # the earliest of the heaviest windows
+            j = i
+            while j + 1 < len(pieces) and pieces[j + 1][1] - start <= width:
+                j += 1
+            weight = sum(self._idf.get(t, 0.0) for t in set().union(*found[i : j + 1]))
+            if weight > best:
+                best, window = weight, (i, j)
+        hits = [k for k in range(window[0], window[1] + 1) if found[k]] or [window[0]]
+        lo, hi = _around(pieces, hits[0], hits[-1], width)
+        return pieces[lo][0], pieces[hi][1]
+
+
+def _pieces(text: str, size: int) -> list[tuple[int, int]]:
+    """Consecutive spans of text of at most size characters, each cut after a space or line
+    break in its second half where there is one (text in a script without spaces is cut
+    anywhere)."""
+    spans: list[tuple[int, int]] = []
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            half = start + size // 2
+            cut = max(text.rfind(" ", half, end), text.rfind("\n", half, end))
+            end = cut + 1 if cut > start else end
+        spans.append((start, end))
+        start = end
+    return spans
+
+
+def _around(pieces: list[tuple[int, int]], lo: int, hi: int, width: int) -> tuple[int, int]:
+    """Pieces lo to hi grown a piece at a time on each side in turn while they fit in width,
+    so what they hold ends up in the middle (or as far as the text's edge allows)."""
+    grew = True
+    while grew:
+        grew = False
+        if lo > 0 and pieces[hi][1] - pieces[lo - 1][0] <= width:
+            lo, grew = lo - 1, True
+        if hi + 1 < len(pieces) and pieces[hi + 1][1] - pieces[lo][0] <= width:
+            hi, grew = hi + 1, True
+    return lo, hi
+
 
 def _norm(text: str) -> str:
     return " ".join(text.casefold().split())
@@ -244,10 +361,43 @@ def file_sections(path: Path, source: str) -> list[Section]:
     suffix = path.suffix.lower()
     if suffix == ".pdf":
         return pdf_sections(path, source)
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = _read_text(path, source)
+    if text is None:
+        return []
     if suffix in (".html", ".htm"):
         return html_sections(source, text)
     return split_sections(source, text)
+
+
+def _read_text(path: Path, source: str) -> str | None:
+    """A text file's contents in the encodings editors save: UTF-8 (with or without a BOM),
+    UTF-16 or UTF-32 with their BOM, else Windows-1252 (Latin-1). None for a binary file (NULs
+    without a UTF-16 BOM), which is skipped like a broken PDF rather than indexed as noise."""
+    data = path.read_bytes()
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :].decode(encoding, errors="replace")
+    if b"\0" in data:
+        log.warning("skipping binary file %s (NUL bytes; UTF-16 text needs its BOM)", source)
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        log.info("%s is not UTF-8; read as Windows-1252 (Latin-1)", source)
+    try:
+        return data.decode("cp1252")
+    except UnicodeDecodeError:  # one of the five bytes cp1252 leaves undefined
+        return data.decode("latin-1")
+
+
+# longest first: the UTF-32 little-endian BOM starts with the UTF-16 one
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 
 Event = tuple[int, str] | str  # a heading (level, title) or a line of body text

@@ -10,7 +10,7 @@ import pytest
 
 import core.knowledge
 from core.agent.knowledge_tools import ReadKnowledge, SearchKnowledge
-from core.agent.tools import ToolContext, ToolRegistry
+from core.agent.tools import ResultTiers, ToolContext, ToolRegistry
 from core.knowledge import KnowledgeBase, Section, file_sections, html_sections
 
 CTX = ToolContext(session="s", run_id="r")
@@ -272,6 +272,21 @@ def test_a_bad_or_old_index_is_rebuilt(
     assert json.loads(cache.read_text())["version"] == core.knowledge.INDEX_VERSION
 
 
+def test_an_index_from_the_previous_tokenizer_is_rebuilt(
+    docs: Path, tmp_path: Path, parses: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (docs / "ja.md").write_text("# 営業時間\n\n毎日営業しています。\n", encoding="utf-8")
+    cache = tmp_path / "index.json"
+    current = core.knowledge.INDEX_VERSION
+    monkeypatch.setattr(core.knowledge, "INDEX_VERSION", 1)  # the [a-z0-9] tokenizer's index
+    KnowledgeBase.load(docs, cache)
+    monkeypatch.setattr(core.knowledge, "INDEX_VERSION", current)
+    parses.clear()
+    kb = KnowledgeBase.load(docs, cache)
+    assert sorted(parses) == ["hours.md", "ja.md", "sub/page.html"]
+    assert kb.search("毎日")[0].section.source == "ja.md"
+
+
 def test_unwritable_cache_still_serves(
     docs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -360,15 +375,73 @@ async def test_read_knowledge_unknown_section_lists_the_sections(kb: KnowledgeBa
     )
 
 
-async def test_read_knowledge_caps_long_text() -> None:
+async def test_read_knowledge_caps_the_whole_result() -> None:
     kb = KnowledgeBase([Section("long.md", "Long", "word " * 2000)])
     result = await ToolRegistry([ReadKnowledge(kb, max_chars=500)]).call(
         "read_knowledge", '{"source": "long.md"}', CTX
     )
+    assert len(result.content) <= 500
     data = json.loads(result.content)
-    assert data["truncated"] is True
-    assert len(data["text"]) <= 502
-    assert data["text"].endswith(" …")
+    assert data["text"].startswith("Long\nword word")  # the source's text: its title, its body
+    assert data["text"].endswith("word …")
+    assert data["next_offset"] == len(data["text"]) - 1  # past " …" is the next word
+
+
+def _long_text(kind: str) -> str:
+    if kind == "words":
+        return " ".join(f"w{n}" for n in range(3000))
+    if kind == "lines":  # every line break and quote takes two characters as JSON
+        return "\n".join(f'"{n}"' for n in range(3000))
+    return "".join(chr(0x4E00 + n % 500) for n in range(9000))  # no spaces to cut at
+
+
+@pytest.mark.parametrize("kind", ["words", "lines", "cjk"])
+async def test_read_knowledge_pages_through_a_long_section_inline(kind: str) -> None:
+    text = _long_text(kind)
+    kb = KnowledgeBase([Section("handbook.txt", "Handbook", text)])
+    registry = ToolRegistry([ReadKnowledge(kb)])  # the default tiers: inline up to 4,000
+    pages: list[str] = []
+    offset: int | None = 0
+    while offset is not None:
+        args = {"source": "handbook.txt", "section": "Handbook", "offset": offset}
+        result = await registry.call("read_knowledge", json.dumps(args), CTX)
+        assert len(result.content) <= ResultTiers().inline_chars
+        data = json.loads(result.content)  # inline: the page itself, not a data card
+        assert data["offset"] == offset
+        assert len(pages) < 20
+        offset = data.get("next_offset")
+        pages.append(data["text"].removesuffix(" …") if offset is not None else data["text"])
+    assert len(pages) > 2
+    if kind == "cjk":
+        assert "".join(pages) == text  # cut anywhere, nothing lost
+    else:
+        assert " ".join(pages).split() == text.split()  # cut between words, nothing lost
+
+
+async def test_read_knowledge_of_a_source_with_many_sections_fits_inline() -> None:
+    sections = [Section("book.pdf", f"Book › Page {n}", f"Page {n} text.") for n in range(300)]
+    kb = KnowledgeBase(sections)
+    result = await ToolRegistry([ReadKnowledge(kb)]).call(
+        "read_knowledge", '{"source": "book.pdf"}', CTX
+    )
+    assert len(result.content) <= ResultTiers().inline_chars
+    data = json.loads(result.content)
+    assert data["sections"][0]["title"] == "Book › Page 0"
+    assert data["more_sections"] == 300 - len(data["sections"])
+    assert data["text"].startswith("Book › Page 0\nPage 0 text.")
+    assert "next_offset" in data
+    later = await ToolRegistry([ReadKnowledge(kb)]).call(
+        "read_knowledge", json.dumps({"source": "book.pdf", "offset": data["next_offset"]}), CTX
+    )
+    assert "sections" not in json.loads(later.content)  # the outline comes with the first page
+
+
+async def test_read_knowledge_offset_past_the_end(kb: KnowledgeBase) -> None:
+    result = await ToolRegistry([ReadKnowledge(kb)]).call(
+        "read_knowledge", '{"source": "hours.md", "section": "Holiday hours", "offset": 5000}', CTX
+    )
+    assert result.error == "failed"
+    assert "offset 5000 is past the end" in json.loads(result.content)["detail"]
 
 
 async def test_search_knowledge_lives_here_too(kb: KnowledgeBase) -> None:

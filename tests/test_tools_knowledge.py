@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel, Field
 
-from core.agent.knowledge_tools import SNIPPET_CHARS, SearchArgs, SearchKnowledge
+from core.agent.knowledge_tools import SNIPPET_CHARS, ReadKnowledge, SearchArgs, SearchKnowledge
 from core.agent.loop import AgentEvent, AgentLoop, Limits, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.model import ChatMessage, ModelRequest
 from core.agent.offline import GREETING, NO_SEARCH, NOT_FOUND, OfflineModel
@@ -356,6 +356,58 @@ async def test_search_knowledge_snippets_long_sections() -> None:
     assert len(snippet) <= SNIPPET_CHARS + 2
     assert snippet.endswith(" …")
     assert long_text.startswith(snippet[:-2])
+
+
+FILLER = " ".join(["brake cable chain wheel saddle"] * 200)
+FACT = "Lost keys: a replacement key costs 17 dollars."
+
+
+@pytest.fixture
+def handbook() -> KnowledgeBase:
+    """A long section with the fact in the middle, one with it at the end, and another."""
+    return KnowledgeBase(
+        [
+            Section("policy.txt", "Policy", f"{FILLER}\n\n{FACT}\n\n{FILLER}"),
+            Section("end.txt", "End", f"{FILLER}\n\n{FACT} Ask at the till."),
+            Section("other.md", "Other", "Chain wheel saddle."),
+        ]
+    )
+
+
+async def test_search_knowledge_snippet_is_the_passage_that_matched(
+    handbook: KnowledgeBase,
+) -> None:
+    out = await SearchKnowledge(handbook)(SearchArgs(query="lost key replacement"), CTX)
+    middle = next(r for r in out["results"] if r["source"] == "policy.txt")
+    snippet = middle["text"]
+    assert snippet.startswith("… ")
+    assert snippet.endswith(" …")
+    assert len(snippet) <= SNIPPET_CHARS + 4
+    before, fact, after = snippet.partition(FACT)
+    assert fact
+    assert len(before) > 250  # the match sits in the middle, with its context
+    assert len(after) > 250
+    text = handbook.read("policy.txt", "Policy")
+    assert text[middle["offset"] :].startswith(snippet[2:-2])
+
+
+async def test_search_knowledge_snippet_at_the_end_of_a_section(handbook: KnowledgeBase) -> None:
+    out = await SearchKnowledge(handbook)(SearchArgs(query="replacement key"), CTX)
+    end = next(r for r in out["results"] if r["source"] == "end.txt")
+    assert end["text"].startswith("… ")
+    assert end["text"].endswith(f"{FACT} Ask at the till.")
+    assert len(end["text"]) > SNIPPET_CHARS * 3 // 4  # the rest of the room holds what precedes
+
+
+async def test_search_offset_reads_on_with_read_knowledge(handbook: KnowledgeBase) -> None:
+    registry = ToolRegistry([SearchKnowledge(handbook), ReadKnowledge(handbook)])
+    found = await registry.call("search_knowledge", '{"query": "lost key"}', CTX)
+    hit = json.loads(found.content)["results"][0]
+    args = {"source": hit["source"], "section": hit["section"], "offset": hit["offset"]}
+    read = await registry.call("read_knowledge", json.dumps(args), CTX)
+    data = json.loads(read.content)
+    assert data["text"].startswith(hit["text"][2:-2])
+    assert FACT in data["text"]
 
 
 # -- the offline model through the real loop ----------------------------------------------

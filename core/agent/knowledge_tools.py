@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from core.agent.tools import ToolContext
+from core.agent.tools import ResultTiers, ToolContext
 from core.errors import ToolError
-from core.knowledge import KnowledgeBase
+from core.knowledge import Hit, KnowledgeBase, Section
 
 __all__ = [
     "READ_CHARS",
@@ -19,8 +20,10 @@ __all__ = [
     "SearchKnowledge",
 ]
 
-SNIPPET_CHARS = 900
-READ_CHARS = 4000  # what read_knowledge returns at most; the rest is read section by section
+SNIPPET_CHARS = 900  # per search result: the passage around the best match
+# the most a read_knowledge result (JSON) takes: it fits inline, so no data card and no
+# read_result call stand between the agent and the text; next_offset pages through the rest
+READ_CHARS = ResultTiers().inline_chars
 
 
 class SearchArgs(BaseModel):
@@ -34,7 +37,8 @@ class SearchKnowledge:
     name: ClassVar[str] = "search_knowledge"
     description: ClassVar[str] = (
         "Search the business's knowledge base (hours, services, prices, policies, FAQ). "
-        "Returns the best matching sections with their source file and section title."
+        "Returns the best matching sections with their source file, section title and the "
+        "passage that matched; a passage past the start of its section comes with its offset."
     )
     args_model: ClassVar[type[BaseModel]] = SearchArgs
     read_only: ClassVar[bool] = True
@@ -45,26 +49,23 @@ class SearchKnowledge:
 
     async def __call__(self, args: SearchArgs, ctx: ToolContext) -> dict[str, Any]:
         hits = self._kb.search(args.query, args.limit)
-        return {
-            "query": args.query,
-            "results": [
-                {
-                    "source": h.section.source,
-                    "section": h.section.title,
-                    "keywords": list(h.section.keywords),
-                    "text": _snippet(h.section.text),
-                    "score": round(h.score, 3),
-                }
-                for h in hits
-            ],
+        return {"query": args.query, "results": [self._result(h, args.query) for h in hits]}
+
+    def _result(self, hit: Hit, query: str) -> dict[str, Any]:
+        text = hit.section.text
+        start, end = self._kb.passage(text, query, SNIPPET_CHARS)
+        snippet = text[start:end].strip()
+        start = text.index(snippet, start) if snippet else start  # where the words begin
+        out: dict[str, Any] = {
+            "source": hit.section.source,
+            "section": hit.section.title,
+            "keywords": list(hit.section.keywords),
+            "text": ("… " if start else "") + snippet + (" …" if end < len(text) else ""),
+            "score": round(hit.score, 3),
         }
-
-
-def _snippet(text: str) -> str:
-    if len(text) <= SNIPPET_CHARS:
-        return text
-    cut = text[:SNIPPET_CHARS]
-    return cut[: cut.rfind(" ")] + " …"
+        if start:
+            out["offset"] = start  # read_knowledge(source, section, offset) reads on from here
+        return out
 
 
 class ReadArgs(BaseModel):
@@ -76,16 +77,24 @@ class ReadArgs(BaseModel):
         max_length=300,
         description="A section title or heading of that source; omit it to read the whole source.",
     )
+    offset: int = Field(
+        default=0,
+        ge=0,
+        description="Where to start reading, in characters: a search result's offset (with its "
+        "section) or the next_offset of the previous read.",
+    )
 
 
 class ReadKnowledge:
-    """read_knowledge: a whole knowledge source, or one section of it, served from the index only
-    (never the file system, so no path can reach beyond the knowledge base)."""
+    """read_knowledge: a whole knowledge source, or one section of it, a page at a time, served
+    from the index only (never the file system, so no path can reach beyond the knowledge
+    base)."""
 
     name: ClassVar[str] = "read_knowledge"
     description: ClassVar[str] = (
         "Read a knowledge-base source in full, or one section of it, when a search snippet is "
-        "not enough. Use the source path and section title that search_knowledge returned."
+        "not enough. Use the source path and section title that search_knowledge returned. "
+        "Long text comes a page at a time: call again with offset = next_offset to read on."
     )
     args_model: ClassVar[type[BaseModel]] = ReadArgs
     read_only: ClassVar[bool] = True
@@ -93,7 +102,7 @@ class ReadKnowledge:
 
     def __init__(self, knowledge: KnowledgeBase, *, max_chars: int = READ_CHARS) -> None:
         self._kb = knowledge
-        self._max_chars = max_chars
+        self._max_chars = max_chars  # of the whole result, as JSON
 
     async def __call__(self, args: ReadArgs, ctx: ToolContext) -> dict[str, Any]:
         sections = self._kb.sections_of(args.source)
@@ -107,11 +116,64 @@ class ReadKnowledge:
             raise ToolError(
                 f"{args.source} has no section {args.section!r}. Sections: {'; '.join(titles)}."
             ) from None
-        out: dict[str, Any] = {"source": args.source, "section": args.section, "text": text}
-        if len(text) > self._max_chars:
-            cut = text[: self._max_chars]
-            out["text"] = cut[: cut.rfind(" ")] + " …" if " " in cut else cut
-            out["truncated"] = True
-        if args.section is None:
-            out["sections"] = [{"title": s.title, "keywords": list(s.keywords)} for s in sections]
+        if args.offset and args.offset >= len(text):
+            raise ToolError(f"offset {args.offset} is past the end ({len(text)} characters).")
+        out: dict[str, Any] = {
+            "source": args.source,
+            "section": args.section,
+            "offset": args.offset,
+            "text": "",
+        }
+        if args.section is None and args.offset == 0:
+            out["sections"], left_out = self._outline(sections)
+            if left_out:
+                out["more_sections"] = left_out
+        # what is left once the rest, a next_offset and the " …" that marks a cut are counted;
+        # never so little that paging would crawl
+        room = self._max_chars - _json_len(out) - len(f', "next_offset": {len(text)}') - 2
+        out["text"], next_offset = _page(text, args.offset, max(room, 100))
+        if next_offset is not None:
+            out["next_offset"] = next_offset
         return out
+
+    def _outline(self, sections: list[Section]) -> tuple[list[dict[str, Any]], int]:
+        """The source's sections with their keywords, as many as fit in half a result (a
+        long PDF has hundreds of pages), and how many were left out."""
+        outline: list[dict[str, Any]] = []
+        used = 0
+        for s in sections:
+            entry = {"title": s.title, "keywords": list(s.keywords)}
+            used += _json_len(entry) + 2
+            if used > self._max_chars // 2:
+                break
+            outline.append(entry)
+        return outline, len(sections) - len(outline)
+
+
+def _page(text: str, start: int, room: int) -> tuple[str, int | None]:
+    """The text from start that takes at most room characters as JSON, cut between words where
+    it can be, marked " …" when cut; and where the rest starts (None when nothing is left)."""
+    end, used = start, 0
+    while end < len(text):
+        used += _json_char_len(text[end])
+        if used > room:
+            break
+        end += 1
+    if end >= len(text):
+        return text[start:], None
+    cut = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
+    if cut > start + (end - start) // 2:  # else a script without spaces: cut anywhere
+        end = cut
+    rest = len(text) - len(text[end:].lstrip())
+    return text[start:end].rstrip() + " …", rest
+
+
+def _json_char_len(ch: str) -> int:
+    """How many characters ch takes in JSON (as the tool registry writes it: non-ASCII kept)."""
+    if ch >= " " and ch not in '"\\':
+        return 1
+    return 2 if ch in '"\\\n\r\t\b\f' else 6
+
+
+def _json_len(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False))
