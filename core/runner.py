@@ -401,7 +401,7 @@ class SessionRunner:
     async def _command(self, item: InboxItem) -> None:
         name = item.message.command
         if name == "reset":
-            await self.mgr.store.reset_session(self.skey)
+            await self.mgr.store.reset_session(self.skey, item.message.received_at)
             await self._clear_workspace()
             text = RESET_REPLY
         elif name == "start":

@@ -403,14 +403,15 @@ async def test_a_stalled_page_has_its_stream_ended_so_it_reconnects() -> None:
     assert other.get_nowait() is None
 
 
+@pytest.mark.parametrize("command", ["/reset", "/Reset"])  # phones capitalise the first letter
 async def test_reset_via_web_chat_clears_the_transcript(
-    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI
+    tmp_path: Path, start_gateway: Callable[..., Any], fake_openai: FakeOpenAI, command: str
 ) -> None:
     gw: Gateway = await start_gateway(write_config(tmp_path, fake_openai.url))
     async with browser(gw) as client:
         await post(client, "remember zebra", "1")
         await wait_replies(client, 1)
-        await post(client, "/reset", "2")
+        await post(client, command, "2")
         async with asyncio.timeout(SSE_TIMEOUT):
             while True:
                 history = (await client.get("/chat/history")).json()["messages"]

@@ -393,6 +393,26 @@ async def test_transcript_in_time_order_since_last_reset(store: Store) -> None:
     assert await store.transcript(S2, 10) == []
 
 
+async def test_a_message_queued_behind_a_reset_belongs_to_the_fresh_session(store: Store) -> None:
+    """A runs; /reset and then C arrive meanwhile. The reset is processed after A's turn, C is
+    answered in the fresh session, and the transcript showed C's answer without C (it kept
+    only messages received after the reset was processed)."""
+    a = await store.put_inbound(S1, msg(text="A"), 100)
+    reset = await store.put_inbound(S1, msg(text="/reset"), 100)
+    c = await store.put_inbound(S1, msg(text="C"), 100)
+    assert await store.acquire_lease(S1, "w", 30.0)
+    await store.complete_turn("w", run_for(S1, [a.id]), "A", [Reply(text="answer A")])
+    await asyncio.sleep(0.01)
+    [item] = [i for i in await store.pending(S1) if i.id == reset.id]
+    await store.reset_session(S1, item.message.received_at)
+    await store.complete_turn(
+        "w", run_for(S1, [reset.id]), "", [Reply(text="fresh start")], remember=False
+    )
+    await store.complete_turn("w", run_for(S1, [c.id]), "C", [Reply(text="answer C")])
+    entries = await store.transcript(S1, 10)
+    assert [e.text for e in entries] == ["fresh start", "C", "answer C"]
+
+
 # session state
 
 

@@ -37,7 +37,7 @@ OUTPUT_RULES = (
     "links. Keep answers short; use a list when there are several items."
 )
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
-_COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)")
+_COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)", re.IGNORECASE)  # phones: /Reset
 QUEUE_SIZE = 1000
 NS_REPLIES = "web.replies"  # "<replica> <session key>" -> its newest reply part, announced
 SHOWN_MAX = 20_000  # reply ids this replica has put on its streams
@@ -102,7 +102,7 @@ class WebChat:
         if post.button is not None:
             kind = MessageKind.BUTTON
         elif m := _COMMAND.match(text):
-            kind, command = MessageKind.COMMAND, m.group(1)
+            kind, command = MessageKind.COMMAND, m.group(1).lower()
         return InboundMessage(
             channel=CHANNEL,
             conversation=session_id,

@@ -270,8 +270,10 @@ class Store(Protocol):
 
     async def set_state(self, session: str, state: dict[str, Any]) -> None: ...
 
-    async def reset_session(self, session: str) -> None:
-        """Start a fresh conversation: history and state are no longer shown to the model."""
+    async def reset_session(self, session: str, at: float | None = None) -> None:
+        """Start a fresh conversation: history and state are no longer shown to the model.
+        `at`: when the person asked (the /reset message's arrival; default now): the
+        transcript shows what they sent after it, even if it was queued behind the reset."""
 
     async def history(self, session: str, limit: int) -> list[HistoryEntry]:
         """The newest `limit` entries of the current epoch, oldest first."""

@@ -320,14 +320,14 @@ class PostgresStore:
                 json.dumps(state),
             )
 
-    async def reset_session(self, session: str) -> None:
+    async def reset_session(self, session: str, at: float | None = None) -> None:
         async with self._conn() as c:
             await c.execute(
                 "INSERT INTO sessions (key, epoch, reset_at) VALUES ($1, 1, $2)"
                 " ON CONFLICT (key) DO UPDATE SET epoch = sessions.epoch + 1, state = '{}',"
                 " reset_at = excluded.reset_at",
                 session,
-                time.time(),
+                time.time() if at is None else at,
             )
 
     async def history(self, session: str, limit: int) -> list[HistoryEntry]:
@@ -349,14 +349,14 @@ class PostgresStore:
                 " SELECT entry, role, body, ts FROM ("
                 " SELECT 'in-' || id AS entry, 'user' AS role, payload AS body,"
                 "  received_at AS ts, received_at AS k, 0 AS o, id AS n FROM inbox, since"
-                "  WHERE session = $1 AND received_at >= since.t"
+                "  WHERE session = $1 AND received_at > since.t"
                 " UNION ALL"  # replies as in the SQLite store (see there)
                 " SELECT 'out-' || id, 'assistant', reply, created_at,"
                 "  max(k0) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING), 1, id FROM ("
                 "  SELECT o.id, o.reply, o.created_at, coalesce((SELECT max(i.received_at)"
                 "   FROM inbox i WHERE i.run_id = o.run_id AND i.session = o.session),"
-                "   o.created_at) AS k0 FROM outbox o, since"
-                "  WHERE o.session = $1 AND o.created_at >= since.t) AS r"
+                "   o.created_at) AS k0 FROM outbox o WHERE o.session = $1) AS r, since"
+                "  WHERE r.k0 >= since.t"
                 ") AS t ORDER BY k DESC, o DESC, n DESC LIMIT $2",
                 session,
                 limit,

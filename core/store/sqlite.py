@@ -464,13 +464,13 @@ class SqliteStore:
 
         await self._write(op)
 
-    async def reset_session(self, session: str) -> None:
+    async def reset_session(self, session: str, at: float | None = None) -> None:
         def op(c: sqlite3.Connection) -> None:
             c.execute(
                 "INSERT INTO sessions (key, epoch, reset_at) VALUES (?, 1, ?)"
                 " ON CONFLICT (key) DO UPDATE SET epoch = epoch + 1, state = '{}',"
                 " reset_at = excluded.reset_at",
-                (session, time.time()),
+                (session, time.time() if at is None else at),
             )
 
         await self._write(op)
@@ -493,19 +493,20 @@ class SqliteStore:
                 c,
                 # a reply sorts right after the newest message its run answered (it may have
                 # been committed after later messages arrived), else by when it was created,
-                # and never before a reply created earlier (an operator's, say)
+                # and never before a reply created earlier (an operator's, say); since a
+                # reset, a reply shows if what it answered came after it (k0)
                 "WITH since AS (SELECT coalesce(max(reset_at), 0) AS t FROM sessions WHERE key = ?)"
                 " SELECT entry, role, body, ts FROM ("
                 " SELECT 'in-' || id AS entry, 'user' AS role, payload AS body,"
                 "  received_at AS ts, received_at AS k, 0 AS o, id AS n FROM inbox, since"
-                "  WHERE session = ? AND received_at >= since.t"
+                "  WHERE session = ? AND received_at > since.t"  # the /reset itself is not shown
                 " UNION ALL"
                 " SELECT 'out-' || id, 'assistant', reply, created_at,"
                 "  max(k0) OVER (ORDER BY id ROWS UNBOUNDED PRECEDING), 1, id FROM ("
                 "  SELECT o.id, o.reply, o.created_at, coalesce((SELECT max(i.received_at)"
                 "   FROM inbox i WHERE i.run_id = o.run_id AND i.session = o.session),"
-                "   o.created_at) AS k0 FROM outbox o, since"
-                "  WHERE o.session = ? AND o.created_at >= since.t)"
+                "   o.created_at) AS k0 FROM outbox o WHERE o.session = ?), since"
+                "  WHERE k0 >= since.t"
                 ") ORDER BY k DESC, o DESC, n DESC LIMIT ?",
                 (session, session, session, limit),
             )
