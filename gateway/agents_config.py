@@ -115,7 +115,11 @@ class AgentOverride(_Section):
     timezone: str | None = None
     tools: list[str] | None = None
     knowledge_cache: str | None = None
+    workspace_dir: str | None = None
     skills_dir: str | None = None
+    skill_timeout_s: float | None = Field(default=None, gt=0, lt=115)
+    skill_memory_mb: int | None = Field(default=None, ge=16, le=16_384)
+    skill_max_output_bytes: int | None = Field(default=None, ge=1024, le=10_000_000)
     limits: LimitsSettings | None = None
     model: ModelSettings | None = None
 

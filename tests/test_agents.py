@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from core.errors import ConfigError
 from core.routing import Binding, Router
+from gateway.agents_config import AgentOverride, AgentSettings
 from gateway.app import build_app
 from gateway.settings import load_settings, settings_warnings
 from tests.fake_openai import FakeOpenAI
@@ -62,6 +63,25 @@ def test_agents_inherit_from_agent_and_model(tmp_path: Path) -> None:
     assert ("agents.later", "draft (no instructions, or draft = true): not served") in (
         settings_warnings(s)
     )
+
+
+def test_every_per_agent_key_of_agent_can_be_set_for_another_agent(tmp_path: Path) -> None:
+    """The README says another agent takes what it does not set from [agent], key by key;
+    workspace_dir and the skill limits were refused under [agents.NAME] as unknown keys."""
+    own = {
+        "workspace_dir": '"data/sales-ws"',
+        "skill_timeout_s": "5.0",
+        "skill_memory_mb": "128",
+        "skill_max_output_bytes": "2048",
+    }
+    body = '[agents.sales]\ninstructions = "Sell."\n' + "".join(
+        f"{k} = {v}\n" for k, v in own.items()
+    )
+    sales = load_settings(_write(tmp_path, body)).resolved_agents()["sales"].settings
+    assert (sales.workspace_dir, sales.skill_timeout_s) == ("data/sales-ws", 5.0)
+    assert (sales.skill_memory_mb, sales.skill_max_output_bytes) == (128, 2048)
+    shared = AgentSettings.model_fields.keys() - {"max_concurrent_runs"}  # gateway-wide
+    assert shared <= AgentOverride.model_fields.keys()
 
 
 @pytest.mark.parametrize(
