@@ -57,6 +57,8 @@ async def probe_all(settings: Settings) -> list[Probe]:
         checks.append(("telegram getMe", lambda: _telegram(c.telegram)))
     if c.slack.enabled:
         checks.append(("slack auth.test", lambda: _slack(c.slack)))
+        if c.slack.mode == "socket":
+            checks.append(("slack app_token (Socket Mode)", lambda: _slack_socket(c.slack)))
     if c.whatsapp.enabled:
         checks.append(("whatsapp phone number", lambda: _whatsapp(c.whatsapp)))
     seen: set[str] = set()
@@ -119,6 +121,15 @@ async def _slack(section: SlackSettings) -> str:
     api = SlackApi(AsyncWebClient(token=token, base_url=section.api_base + "/"))
     data = await api.auth_test()
     return f"{data.get('user', '?')} in {data.get('team', '?')}"
+
+
+async def _slack_socket(section: SlackSettings) -> str:
+    """apps.connections.open with the app-level token: the call Socket Mode starts with (the
+    URL it gives is left unused and expires)."""
+    token = section.app_token.get_secret_value() if section.app_token else ""
+    api = SlackApi(AsyncWebClient(base_url=section.api_base + "/"))
+    await api.open_connection(token)
+    return "a connection URL was issued"
 
 
 async def _whatsapp(section: WhatsAppSettings) -> str:

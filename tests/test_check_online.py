@@ -16,7 +16,7 @@ from gateway.probes import probe_all, webhook_urls
 from gateway.settings import load_settings
 from tests.conftest import ROOT
 from tests.fake_openai import FakeOpenAI
-from tests.fake_slack import BOT_TOKEN, FakeSlack
+from tests.fake_slack import APP_TOKEN, BOT_TOKEN, FakeSlack
 from tests.fake_telegram import TOKEN, FakeTelegram
 from tests.fake_whatsapp import FakeGraph
 
@@ -101,3 +101,19 @@ async def test_check_reports_failed_live_checks_and_fails_only_when_strict(
     offline = await asyncio.to_thread(check, "--offline")
     assert offline.returncode == 0
     assert "live checks" not in offline.stdout
+
+
+async def test_socket_modes_app_token_is_tried_too(tmp_path: Path, fakes: Fakes) -> None:
+    """Only auth.test (the bot token) was tried: a refused app token passed check --strict,
+    and Socket Mode then never connected."""
+    path = _config(tmp_path, fakes)
+    text = path.read_text().replace(
+        'signing_secret = "x"\n', 'signing_secret = "x"\nmode = "socket"\napp_token = "{}"\n'
+    )
+    for token, ok in ((APP_TOKEN, True), ("xapp-1-refused", False)):
+        path.write_text(text.replace("{}", token))
+        probes = {p.name: p for p in await probe_all(load_settings(path))}
+        probe = probes["slack app_token (Socket Mode)"]
+        assert probe.ok is ok, probe
+        assert probes["slack auth.test"].ok
+    assert "invalid_auth" in probe.detail

@@ -254,6 +254,35 @@ async def test_a_click_or_command_that_is_not_stored_gets_a_503_not_a_200(
     assert [e.text for e in await gw.transcript(DM)][:1] == ["Yes, book it"]
 
 
+async def test_a_click_stored_too_late_to_acknowledge_and_made_again_is_acted_on_once(
+    gw: SlackGateway, monkeypatch: pytest.MonkeyPatch, slack: FakeSlack
+) -> None:
+    """The store took longer than Slack's 3 s: the click got a 503 and Slack showed it as
+    failed, but it was stored a moment later and answered. The person clicked again (a new
+    action_ts, so no dedupe) and "Yes, book it" ran twice."""
+    monkeypatch.setattr("channels.slack.inbound.ACK_WITHIN_S", 0.3)
+    original, calls = gw.store.put_inbound, [0]
+
+    async def slow_first(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            await asyncio.sleep(0.8)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(gw.store, "put_inbound", slow_first)
+    click = payload("block_actions")
+    click["channel"]["id"] = click["container"]["channel_id"] = DM
+    assert (await gw.post(urlencode({"payload": json.dumps(click)}).encode())).status_code == 503
+    await asyncio.sleep(0.6)  # meanwhile it was stored, and answered
+    click["actions"][0]["action_ts"] = "1750000200.000300"  # the person clicks again
+    assert (await gw.post(urlencode({"payload": json.dumps(click)}).encode())).status_code == 200
+    await slack.wait_for(lambda: slack.posted(DM))
+    await asyncio.sleep(0.5)
+    users = [e.text for e in await gw.transcript(DM) if e.role == "user"]
+    assert users == ["Yes, book it"]
+    assert calls[0] == 1
+
+
 @pytest.mark.parametrize(
     "raw",
     [

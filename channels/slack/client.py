@@ -131,3 +131,8 @@ class SlackApi:
 
     async def auth_test(self) -> dict[str, Any]:
         return await self._call("auth.test", self.client.auth_test())
+
+    async def open_connection(self, app_token: str) -> dict[str, Any]:
+        """apps.connections.open: a Socket Mode URL, with the app-level token."""
+        call = self.client.apps_connections_open(app_token=app_token)
+        return await self._call("apps.connections.open", call)

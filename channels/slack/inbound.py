@@ -22,7 +22,8 @@ the next. If the store fails or is too slow, the route answers 503 and forgets t
 Slack's retry is processed again (the store's dedupe makes that safe); a retry that comes
 while the first delivery is still being stored waits for it, and shares its answer. A click
 or a command that is not stored gets a 503, which Slack shows the person as failed (it
-retries neither).
+retries neither); if it is stored after all, late, the same press made again (the person trying
+again) is acknowledged as that one, not acted on twice.
 Socket Mode envelopes follow the same path, acknowledged once stored.
 """
 
@@ -36,7 +37,7 @@ import logging
 from typing import Any
 
 from aiohttp import web
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_sdk.signature import SignatureVerifier
 
@@ -48,7 +49,7 @@ from channels.slack.identity import BotIdentity
 from channels.slack.parse import Incoming, parse_action, parse_command, parse_event
 from channels.slack.settings import SlackSettings
 from core.errors import StoreError
-from core.models import Attachment, InboundMessage
+from core.models import Attachment, InboundMessage, MessageKind
 
 __all__ = ["Inbound"]
 
@@ -57,6 +58,7 @@ SEEN_MAX = 20_000  # recent event ids and message ids remembered for duplicates
 MAX_IN_FLIGHT = 5_000  # accepted messages not yet stored; past it events get 503
 ACK_WITHIN_S = 2.5  # Slack wants 2xx within 3 s: past this, 503 and Slack retries
 THREADS_MAX = 50_000  # joined threads remembered in memory (all are in the store)
+RETRY_WINDOW_S = 300.0  # a press not acknowledged in time, repeated within this, is the same
 THREADS_NS = "slack.threads"
 _EMPTY = b""
 _Order = tuple[str, str, str | None]  # account, conversation, thread: one session
@@ -84,6 +86,10 @@ class Inbound:
         self._seen: LRUCache[str, asyncio.Task[bool] | None] = LRUCache(SEEN_MAX)
         self._joined: LRUCache[str, None] = LRUCache(THREADS_MAX)
         self._tails: dict[_Order, asyncio.Task[bool]] = {}
+        # clicks and commands not acknowledged in time (Slack showed them as failed), by what
+        # was pressed, and the press each acknowledgement waits for
+        self._unacked: TTLCache[str, asyncio.Task[bool]] = TTLCache(SEEN_MAX, RETRY_WINDOW_S)
+        self._press_of: TTLCache[asyncio.Task[bool], str] = TTLCache(SEEN_MAX, RETRY_WINDOW_S)
         self._tasks: set[asyncio.Task[bool]] = set()
         self._bolt_app = build_bolt(secret, settings.api_base, identity, self)
 
@@ -126,10 +132,13 @@ class Inbound:
         if task is None:
             return True
         try:
-            return await asyncio.wait_for(asyncio.shield(task), ACK_WITHIN_S)
+            done = await asyncio.wait_for(asyncio.shield(task), ACK_WITHIN_S)
         except TimeoutError:
-            log.warning("slack event not stored in %.1f s; asking Slack to retry", ACK_WITHIN_S)
+            log.warning("slack message not stored in %.1f s; not acknowledged", ACK_WITHIN_S)
             return False
+        if done and (press := self._press_of.pop(task, None)) is not None:
+            self._unacked.pop(press, None)
+        return done
 
     def forget(self, body: dict[str, Any]) -> None:
         """Drop the ids of an event we did not store, so its retry is not taken for a copy."""
@@ -192,8 +201,7 @@ class Inbound:
         return task
 
     def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None:
-        incoming = parse_action(mend_strings(payload))
-        return None if incoming is None else self.accept(incoming)
+        return self._press(parse_action(mend_strings(payload)))
 
     def not_here(self, form: dict[str, Any]) -> str | None:
         """What to tell, privately, whoever typed a slash command in a channel: there every
@@ -205,8 +213,27 @@ class Inbound:
         return IN_A_THREAD.format(bot=bot, command=form.get("command") or "/reset")
 
     def on_command(self, form: dict[str, Any]) -> asyncio.Task[bool] | None:
-        incoming = parse_command(mend_strings(form))
-        return None if incoming is None else self.accept(incoming)
+        return self._press(parse_command(mend_strings(form)))
+
+    def _press(self, incoming: Incoming | None) -> asyncio.Task[bool] | None:
+        """A click or a command. Slack sends each once and gives a new id to the same press
+        made again; so when an earlier one of the same, not acknowledged in time, is still
+        being stored or was stored late, this is the person trying again: it is acknowledged
+        once that one is stored, and not acted on a second time."""
+        if incoming is None:
+            return None
+        press = _press_key(incoming.message)
+        earlier = self._unacked.get(press)
+        if earlier is not None and not (
+            earlier.done() and (earlier.cancelled() or not earlier.result())
+        ):
+            log.info("slack: a repeated press of one not acknowledged in time, taken as it")
+            return earlier
+        task = self.accept(incoming)
+        if task is not None:
+            self._unacked[press] = task
+            self._press_of[task] = press
+        return task
 
     def accept(self, incoming: Incoming) -> asyncio.Task[bool] | None:
         """Queue the message's remaining work behind the session's earlier messages."""
@@ -290,6 +317,12 @@ class Inbound:
 
 def _thread_key(msg: InboundMessage) -> str:
     return f"{msg.account}:{msg.conversation}:{msg.thread}"
+
+
+def _press_key(msg: InboundMessage) -> str:
+    """Who pressed what, where: the same for a click or command made again."""
+    what = msg.button_value if msg.kind is MessageKind.BUTTON else f"{msg.command} {msg.text}"
+    return "\0".join([msg.account, msg.conversation, msg.thread or "", msg.sender.id, str(what)])
 
 
 def _malformed_actions(body: Any) -> str | None:
