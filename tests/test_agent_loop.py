@@ -569,6 +569,20 @@ async def test_model_error_after_a_tool_step() -> None:
     assert outcome.text == APOLOGY_MODEL
     assert outcome.tool_calls == 1
     assert len(events.of(ToolStep)) == 1
+    # the failed call is recorded with its latency, so the model-call metric sees it
+    failed = [c for c in outcome.calls if c.get("step") == 2]
+    assert [c["finish_reason"] for c in failed] == ["error"]
+    assert failed[0]["seconds"] >= 0
+
+
+async def test_a_model_call_cut_by_the_run_timeout_is_recorded() -> None:
+    model = ScriptedModel(delay_s=5.0)
+    model.add(text("too late"))
+    outcome, _ = await _run(model, Limits(run_timeout_s=0.2))
+    assert outcome.status == "timeout"
+    [call] = [c for c in outcome.calls if "step" in c]
+    assert call["finish_reason"] == "timeout"
+    assert call["seconds"] >= 0.15
 
 
 async def test_temperature_passed_through() -> None:

@@ -222,7 +222,14 @@ class AgentLoop:
             if turn.guard is not None:
                 await turn.guard()
             call_started = time.monotonic()
-            response = await self._model.complete(request, on_delta)
+            try:
+                response = await self._model.complete(request, on_delta)
+            except (ModelError, asyncio.CancelledError) as exc:  # a failed call is a call too:
+                # its latency counts (a model timing out shows in the metrics, not only runs)
+                failed = "timeout" if isinstance(exc, asyncio.CancelledError) else "error"
+                elapsed = time.monotonic() - call_started
+                out.calls.append(_failed_call(step, final, failed, elapsed))
+                raise
             call_seconds = time.monotonic() - call_started
             if rest := visible.flush():
                 await emit(TextDelta(turn.run_id, rest))
@@ -324,6 +331,18 @@ class AgentLoop:
         if spent + this_call + next_call > lim.token_budget:
             return True, "token_budget"
         return False, None
+
+
+def _failed_call(step: int, final: bool, finish: str, seconds: float) -> dict[str, Any]:
+    return {
+        "step": step,
+        "seconds": round(seconds, 4),
+        "final": final,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "finish_reason": finish,
+        "tool_calls": [],
+    }
 
 
 def _call_record(
