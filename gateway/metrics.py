@@ -53,7 +53,7 @@ class Metrics:
         )
         self.rate_limited_total = Counter(
             "switchboard_rate_limited_total",
-            "Platform answers asking us to slow down (429).",
+            "Reply sends the platform answered with 429 (slow down).",
             ["channel"],
             registry=r,
         )
