@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
 from core.errors import StoreError, SwitchboardError
+from core.logcontext import about
 from core.models import MessageKind, Reply, SessionKey
 from core.policies import (
     HELP_REPLY,
@@ -76,6 +77,7 @@ class SessionRunner:
             turn.cancel()
 
     async def _main(self) -> None:
+        about(session=self.skey, channel=self.key.channel)  # this task's lines, and its turns'
         failures = 0
         try:
             while True:
@@ -267,6 +269,7 @@ class SessionRunner:
                     extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
                 )
 
+        about(run_id=run.id)
         self.turn_task = asyncio.create_task(self.profile.loop.run(turn, emit))
         try:
             outcome = await self.turn_task

@@ -13,6 +13,8 @@ from typing import Literal
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from core.logcontext import CONTEXT as LOG_CONTEXT
+
 __all__ = ["redact", "setup_logging"]
 
 CONTEXT = ("session", "channel", "run_id")
@@ -67,6 +69,17 @@ class _ParserRefusals(logging.Filter):
 PARSER_REFUSALS = _ParserRefusals()
 
 
+class _Context(logging.Filter):
+    """Lines logged inside a session's work by code that does not know the session (a model
+    retry, a store write) get its session, channel and run from core.logcontext."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in LOG_CONTEXT.get().items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
 class _WebSessionIds(logging.Filter):
     """A web chat's session key ends in the browser's cookie, its only credential: whoever
     read it in a log could open that chat. Lines show its first 6 characters (as the console
@@ -96,6 +109,7 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     # them out (the logging HOWTO's "Optimization" list), a fifth of what a line costs
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    handler.addFilter(_Context())  # first: the web session ids it adds are shortened next
     handler.addFilter(_WebSessionIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -6,12 +6,19 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from core.agent.loop import AgentLoop, Limits
+from core.agent.tools import ToolRegistry
+from core.models import InboundMessage, Sender
+from core.sessions import AgentProfile, DeliveryPolicy, SessionManager
+from core.store import Store
 from gateway.app import build_app
-from gateway.logs import PARSER_REFUSALS, _JsonFormatter
+from gateway.logs import PARSER_REFUSALS, _Context, _JsonFormatter
 from gateway.settings import load_settings
+from tests.fakes import RecordingOutlet, ScriptedModel, text
 from tests.loopback import serve
 
 
@@ -97,3 +104,49 @@ async def test_a_request_the_http_parser_refuses_is_one_warning_line(tmp_path: P
     assert len(lines[0]) < 300
     assert "400 Invalid character in Content-Length" in lines[1]
     assert "\n" not in lines[1]
+
+
+class _DeepModel(ScriptedModel):
+    """Logs from inside the model call, as a retry or a client library does: code that
+    does not know which conversation it serves."""
+
+    async def complete(self, request: Any, on_delta: Any = None) -> Any:
+        logging.getLogger("tests.deep").warning("deep inside the call")
+        return await super().complete(request, on_delta)
+
+
+async def test_lines_logged_deep_in_a_run_carry_its_session_channel_and_run(
+    store: Store,
+) -> None:
+    """A model retry's line ("model call failed ...; retry 1") carried no session, channel or
+    run_id, though the deployment guide says lines about a conversation do."""
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler()
+    collect.emit = records.append  # type: ignore[method-assign,assignment]
+    collect.addFilter(_Context())
+    deep = logging.getLogger("tests.deep")
+    deep.addHandler(collect)
+    model = _DeepModel()
+    model.add(text("hello"))
+    manager = SessionManager(
+        store,
+        {"default": AgentProfile("default", "x", AgentLoop(model, ToolRegistry(), Limits()))},
+        {"test": RecordingOutlet()},
+        delivery=DeliveryPolicy(base_delay_s=0.01),
+    )
+    await manager.start()
+    try:
+        msg = InboundMessage(
+            channel="test", conversation="c9", sender=Sender(id="u"), text="hi", platform_id="1"
+        )
+        await manager.submit(msg)
+        await asyncio.wait_for(manager.wait_idle(), 10)
+    finally:
+        deep.removeHandler(collect)
+        await manager.aclose(grace_s=1)
+    [line] = records
+    assert getattr(line, "session", None) == "default:test:default:c9"
+    assert getattr(line, "channel", None) == "test"
+    assert len(getattr(line, "run_id", "")) == 32
+    entry = json.loads(_JsonFormatter().format(line))
+    assert entry["session"] == "default:test:default:c9"
