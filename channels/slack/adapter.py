@@ -96,14 +96,14 @@ class SlackAdapter:
         """Deliver one reply part in order; the first message replaces the run's preview.
         Messages already sent are remembered, so a retry resumes after them."""
         batch = render(part.reply)
-        preview = self.live.preview(part.run_id)
+        preview = await self.live.preview(key, part.run_id)
         extra = {"session": str(key), "channel": self.name}
         if any(a.url is None for a in part.reply.attachments):
             log.warning("slack: reply files without a URL are not uploaded", extra=extra)
         if not batch:
             if preview is not None:
                 await self._drop(preview, key)
-            self.live.forget(part.run_id)
+            await self.live.forget(key, part.run_id)
             return None
         several = len(batch) > 1
         done, first = await self._progress(part.id) if several else (0, "")
@@ -123,7 +123,7 @@ class SlackAdapter:
         if several:  # all sent: nothing to resume (a failure here must not send it again)
             with contextlib.suppress(StoreError):
                 await self._ctx.store.kv_delete(PROGRESS_NS, str(part.id))
-        self.live.forget(part.run_id)
+        await self.live.forget(key, part.run_id)
         return f"{key.conversation}:{first}"
 
     async def _progress(self, part_id: int) -> tuple[int, str]:

@@ -7,12 +7,16 @@ Preview: streaming = "update" posts the text so far and edits it at most once a 
 "stream" uses chat.startStream / appendStream / stopStream, which Slack allows only as a
 thread reply (a DM without a thread falls back to "update"). A run shorter than one interval
 shows no preview at all. The final reply replaces the preview (the adapter edits it), and a
-discarded run deletes it.
+discarded run deletes it. The preview's ts is kept in the store per session: after a restart,
+the final send of a committed run still replaces it, and the session's next run takes over the
+one a run cut short left (editing it into its own), or deletes it when it streams instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import re
 import time
@@ -35,6 +39,7 @@ log = logging.getLogger(__name__)
 UPDATE_INTERVAL = 1.0
 STREAM_INTERVAL = 0.5
 PREVIEWS_MAX = 1000
+PREVIEWS_NS = "slack_preview"  # session -> its newest run's preview message, until replaced
 THINKING = "is thinking…"
 _TS = re.compile(r"^\d+\.\d+$")
 
@@ -47,8 +52,19 @@ class Preview:
     ts: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """A run's preview message as recorded in the store."""
+
+    run: str
+    channel: str
+    ts: str
+    stream: bool
+
+
 @dataclass(eq=False)
 class _Run:
+    run_id: str
     key: SessionKey
     stream: bool
     trigger_ts: str | None
@@ -71,24 +87,41 @@ class Live:
         self._status = settings.status_messages
         self._reaction = settings.status_reaction
         self._runs: dict[str, _Run] = {}
-        self._previews: LRUCache[str, Preview] = LRUCache(PREVIEWS_MAX)
+        self._previews: LRUCache[str, Preview | None] = LRUCache(PREVIEWS_MAX)  # None: none
         self._no_assistant: set[str] = set()  # channels where setStatus was refused
         self._background: set[asyncio.Task[None]] = set()  # thinking status calls
 
-    def preview(self, run_id: str | None) -> Preview | None:
-        return None if run_id is None else self._previews.get(run_id)
+    async def preview(self, key: SessionKey, run_id: str | None) -> Preview | None:
+        """The finished run's preview, for its final reply to replace; from the store when
+        this process did not stream it (it restarted between the commit and the send)."""
+        if run_id is None:
+            return None
+        if run_id in self._previews:
+            return self._previews[run_id]
+        saved = await self._saved(key)
+        if saved is None or saved.run != run_id:
+            return None
+        if saved.stream:  # left streaming by the process that died
+            await _quiet(self._api.stop_stream(saved.channel, saved.ts), key)
+        preview = self._previews[run_id] = Preview(saved.channel, saved.ts)
+        return preview
 
-    def forget(self, run_id: str | None) -> None:
-        if run_id is not None:
-            self._previews.pop(run_id, None)
+    async def forget(self, key: SessionKey, run_id: str | None) -> None:
+        """The final reply went out: its preview is no longer needed, here or in the store."""
+        if run_id is None:
+            return
+        if run_id in self._previews and self._previews.pop(run_id) is None:
+            return  # it had no preview: nothing stored
+        await self._forget(key, run_id)
 
     async def started(self, key: SessionKey, run_id: str) -> None:
         stream = self._mode == "stream" and key.thread is not None
         trigger_ts, user = await self._trigger(key) if self._status or stream else (None, None)
-        run = _Run(key, stream, trigger_ts, user, last_flush=time.monotonic())
+        run = _Run(run_id, key, stream, trigger_ts, user, last_flush=time.monotonic())
         self._runs[run_id] = run
         if self._status:  # best effort: a slow Slack must not hold the run or its reply back
             run.status_on = self._spawn(self._status_on(run))
+        await self._left_behind(run)
 
     async def delta(self, key: SessionKey, run_id: str, text: str) -> None:
         run = self._runs.get(run_id)
@@ -105,11 +138,14 @@ class Live:
         await self._stop_pump(run)
         self._spawn(self._status_done(run))
         if run.preview_ts is None:
+            if not discarded:
+                self._previews[run_id] = None
             return
         if run.stream:
             await _quiet(self._api.stop_stream(key.conversation, run.preview_ts), key)
         if discarded:
             await _quiet(self._api.delete(key.conversation, run.preview_ts), key)
+            await self._forget(key, run_id)
             return
         self._previews[run_id] = Preview(key.conversation, run.preview_ts)
 
@@ -151,10 +187,15 @@ class Live:
             else:
                 run.status = "assistant"
                 return
-        if run.trigger_ts is not None:
-            react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=True)
-            if await _quiet(react, key):
-                run.status = "reaction"
+        if run.trigger_ts is None:
+            return
+        try:
+            await self._api.react(key.conversation, run.trigger_ts, self._reaction, add=True)
+        except ChannelError as exc:
+            if exc.code != "already_reacted":  # there already: left by a run cut short
+                log.info("slack live feedback failed: %s", exc, extra={"session": str(key)})
+                return
+        run.status = "reaction"
 
     async def _status_done(self, run: _Run) -> None:
         """The status off, once it is surely on (its call may still be on its way)."""
@@ -172,6 +213,65 @@ class Live:
 
     # preview
 
+    async def _left_behind(self, run: _Run) -> None:
+        """The preview of a run that no longer runs (the process died before its final send
+        or before it deleted it): this run edits it into its own, or (streaming) deletes it.
+        Only the session's lease holder starts a run, and it sends every committed reply
+        first, so no other run can still need it."""
+        key = run.key
+        saved = await self._saved(key)
+        if saved is None or saved.run == run.run_id or saved.run in self._runs:
+            return
+        self._previews.pop(saved.run, None)
+        log.info(
+            "taking over the preview of run %s",
+            saved.run,
+            extra={"session": str(key), "channel": key.channel},
+        )
+        if saved.stream:
+            await _quiet(self._api.stop_stream(saved.channel, saved.ts), key)
+        if not run.stream and saved.channel == key.conversation:
+            run.preview_ts = saved.ts
+            await self._remember(run)  # now this run's, never lost
+            return
+        await _quiet(self._api.delete(saved.channel, saved.ts), key)
+        await self._forget(key, saved.run)
+
+    async def _saved(self, key: SessionKey) -> _Saved | None:
+        """The preview message the store holds for the session (from any process)."""
+        try:
+            raw = await self._store.kv_get(PREVIEWS_NS, str(key))
+            data = json.loads(raw) if raw else None
+            if not isinstance(data, dict):
+                return None
+            return _Saved(
+                str(data["run"]), str(data["channel"]), str(data["ts"]), bool(data.get("stream"))
+            )
+        except StoreError:
+            return None
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("unreadable preview record dropped: %s", exc, extra={"session": str(key)})
+            return None
+
+    async def _remember(self, run: _Run) -> None:
+        """Keep the preview's ts in the store, so a restart still replaces or deletes it."""
+        value = {
+            "run": run.run_id,
+            "channel": run.key.conversation,
+            "ts": run.preview_ts,
+            "stream": run.stream,
+        }
+        with contextlib.suppress(StoreError):
+            await self._store.kv_set(PREVIEWS_NS, str(run.key), json.dumps(value))
+
+    async def _forget(self, key: SessionKey, run_id: str) -> None:
+        """Drop the stored preview once replaced or deleted, unless a newer run's is there."""
+        saved = await self._saved(key)
+        if saved is not None and saved.run != run_id:
+            return
+        with contextlib.suppress(StoreError):
+            await self._store.kv_delete(PREVIEWS_NS, str(key))
+
     async def _pump(self, run: _Run) -> None:
         while len(run.text) > run.flushed and not run.broken:
             interval = STREAM_INTERVAL if run.stream else UPDATE_INTERVAL
@@ -183,7 +283,7 @@ class Live:
             run.last_flush = max(run.last_flush, time.monotonic())
 
     async def _flush(self, run: _Run) -> None:
-        key, text = run.key, run.text
+        key, text, new = run.key, run.text, run.preview_ts is None
         try:
             if run.stream and run.preview_ts is None and key.thread is not None:
                 run.preview_ts = await self._api.start_stream(
@@ -208,6 +308,8 @@ class Live:
                 run.broken = True
             return
         run.flushed = len(text)
+        if new:
+            await self._remember(run)
 
     async def _stop_pump(self, run: _Run) -> None:
         if run.pump is not None:

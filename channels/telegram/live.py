@@ -4,7 +4,10 @@ Private chats get sendMessageDraft (an ephemeral preview the final sendMessage r
 server does not know the method, that is remembered and previews fall back to edit-in-place, as
 in groups: one message edited at most once a second per chat, a new one started before 4096
 units. The preview messages are handed to the final send, which edits them into the reply (or
-deletes them), so a reply never shows twice; a discarded run deletes its preview.
+deletes them), so a reply never shows twice; a discarded run deletes its preview. Their ids are
+kept in the store per session: after a restart, the final send of a committed run still finds
+them, and the session's next run takes over those a run cut short left (editing them into its
+own preview and reply), or deletes them when it answers another message.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ class Handover:
     reply_to: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Saved:
+    """The preview messages a run recorded in the store."""
+
+    run: str
+    ids: list[int]
+    shown: list[str]
+    reply_to: int | None
+
+
 @dataclass
 class Preview:
     """A run's live state, and the preview messages the final send must take over."""
@@ -93,6 +106,7 @@ class Live:
             await self._stop(old)
         self._running[str(key)] = state
         state.typing = asyncio.create_task(self._type(state), name=f"typing {key}")
+        await self._left_behind(key, state)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         state = self._running.get(str(key))
@@ -111,7 +125,7 @@ class Live:
         if discarded:
             await self.delete(state.chat_id, state.ids)
             if state.ids:
-                await self._remember(key, None)
+                await self._forget(key, run_id)
             return
         self._finished[run_id] = state
 
@@ -121,17 +135,13 @@ class Live:
         state = self._finished.pop(run_id, None)
         if state is not None:
             if state.ids:
-                await self._remember(key, None)
+                await self._forget(key, run_id)
             return Handover(state.ids, state.shown, state.reply_to)
-        try:
-            raw = await self._store.kv_get(PREVIEWS_NS, str(key))
-        except StoreError:
+        saved = await self._saved(key)
+        if saved is None or saved.run != run_id:
             return Handover()
-        saved = json.loads(raw) if raw else {}
-        if saved.get("run") != run_id:
-            return Handover()
-        await self._remember(key, None)
-        return Handover(saved["ids"], saved["shown"], saved.get("reply_to"))
+        await self._forget(key, run_id)
+        return Handover(saved.ids, saved.shown, saved.reply_to)
 
     async def aclose(self) -> None:
         for state in list(self._running.values()):
@@ -228,23 +238,64 @@ class Live:
             state.shown.append(digest(html))
             await self._remember(key, state)
 
-    async def _remember(self, key: SessionKey, state: Preview | None) -> None:
+    async def _left_behind(self, key: SessionKey, state: Preview) -> None:
+        """Previews of a run that no longer runs (the process died before its final send, or
+        before it deleted them): this run edits them into its own, or they go. Only the
+        session's lease holder starts a run, and it sends every committed reply first, so
+        no other run can still need them."""
+        saved = await self._saved(key)
+        if saved is None or saved.run == state.run_id:
+            return
+        self._finished.pop(saved.run, None)
+        log.info(
+            "taking over %d preview(s) of run %s",
+            len(saved.ids),
+            saved.run,
+            extra={"session": str(key), "channel": "telegram"},
+        )
+        if not state.draft and saved.reply_to == state.reply_to:
+            state.ids, state.shown = list(saved.ids), list(saved.shown)
+            await self._remember(key, state)  # now this run's, never lost
+            return
+        await self.delete(state.chat_id, saved.ids)  # a draft or another quote: out of place
+        await self._forget(key, saved.run)
+
+    async def _saved(self, key: SessionKey) -> _Saved | None:
+        """The preview messages the store holds for the session (from any process)."""
+        try:
+            raw = await self._store.kv_get(PREVIEWS_NS, str(key))
+            data = json.loads(raw) if raw else None
+            if not isinstance(data, dict) or not data.get("ids"):
+                return None
+            ids, shown = [int(i) for i in data["ids"]], [str(d) for d in data.get("shown", [])]
+            shown = (shown + [""] * len(ids))[: len(ids)]  # one digest per message, to edit it
+            reply_to = data.get("reply_to")
+            return _Saved(str(data["run"]), ids, shown, int(reply_to) if reply_to else None)
+        except StoreError:
+            return None
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("unreadable preview record dropped: %s", exc, extra={"session": str(key)})
+            return None
+
+    async def _remember(self, key: SessionKey, state: Preview) -> None:
         """Keep the preview ids in the store, so a restart before the final send still
         replaces them instead of leaving a second copy."""
-        value = (
-            json.dumps(
-                {
-                    "run": state.run_id,
-                    "ids": state.ids,
-                    "shown": state.shown,
-                    "reply_to": state.reply_to,
-                }
-            )
-            if state is not None
-            else ""
-        )
+        value = {
+            "run": state.run_id,
+            "ids": state.ids,
+            "shown": state.shown,
+            "reply_to": state.reply_to,
+        }
         with contextlib.suppress(StoreError):
-            await self._store.kv_set(PREVIEWS_NS, str(key), value)
+            await self._store.kv_set(PREVIEWS_NS, str(key), json.dumps(value))
+
+    async def _forget(self, key: SessionKey, run_id: str) -> None:
+        """Drop the stored ids once handed over or deleted, unless a newer run's are there."""
+        saved = await self._saved(key)
+        if saved is not None and saved.run != run_id:
+            return
+        with contextlib.suppress(StoreError):
+            await self._store.kv_delete(PREVIEWS_NS, str(key))
 
 
 def _draft_id(run_id: str) -> int:
