@@ -117,13 +117,16 @@ def _main(argv: Sequence[str] | None) -> int:
     text = "register server.public_url + /webhooks/telegram with Telegram (setWebhook)"
     cmd = tg_sub.add_parser("set-webhook", help=text, description=text)
     cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    _log_options(cmd, top=False)
     pairing = sub.add_parser("pairing", help="approve people who asked to talk to the agent")
     pair_sub = pairing.add_subparsers(dest="pairing_command", required=True)
     cmd = pair_sub.add_parser("list", help="pairing codes waiting for approval")
     cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    _log_options(cmd, top=False)
     cmd = pair_sub.add_parser("approve", help="approve a pairing code; their messages get answered")
     cmd.add_argument("code")
     cmd.add_argument("--config", metavar="FILE", help=f"TOML file (default: {DEFAULT_CONFIG})")
+    _log_options(cmd, top=False)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
     try:
@@ -133,7 +136,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_CONFIG
     redact(secret_values(settings))
     for key, msg in settings_warnings(settings):
-        print(f"warning: {key}: {msg}", file=sys.stderr)
+        if args.command == "run":  # the service's log: one format, JSON under systemd
+            log.warning("config: %s: %s", key, msg)
+        else:
+            print(f"warning: {key}: {msg}", file=sys.stderr)
     if args.command == "check":
         return _check(settings, args.config, offline=args.offline, strict=args.strict)
     if args.command == "telegram":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import signal
 import socket
@@ -527,9 +528,26 @@ def test_a_broken_config_switchboard_toml_is_reported_not_replaced_by_the_exampl
     assert_no_traceback(proc)
 
 
-def test_log_options_may_follow_the_command_in_any_case() -> None:
+def test_log_options_may_follow_the_command_in_any_case(tmp_path: Path) -> None:
     after = cli("check", "--offline", "--log-level", "debug", "--log-format", "JSON")
     assert after.returncode == 0, after.stderr
+    config = str(good_config(tmp_path))
+    for command in (["pairing", "list"], ["pairing", "approve", "X1"], ["telegram", "set-webhook"]):
+        proc = cli(*command, "--config", config, "--log-level", "debug", "--log-format", "json")
+        assert "unrecognized arguments" not in proc.stderr, command
+
+
+def test_run_logs_config_warnings_in_the_log_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run --log-format json` printed its config warnings as plain text among the JSON
+    lines, which a log shipper reading JSON refuses."""
+    monkeypatch.setattr(cli_module.web, "run_app", lambda *_, **__: None)
+    config = good_config(tmp_path, free_port())
+    config.write_text(config.read_text() + "[agents.vip]\n")  # a draft: one warning
+    assert cli_module.main(["run", "--config", str(config), "--log-format", "json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line]
+    assert any(e["msg"].startswith("config: agents.vip: draft") for e in lines), lines
 
 
 def test_output_to_a_reader_that_went_away_is_no_traceback() -> None:
