@@ -272,6 +272,7 @@ def load_settings(
         settings = Settings()
     except ValidationError as exc:
         problems = [_problem(err, env) for err in exc.errors()]
+        problems += _more_problems(data, env, [_path(err["loc"]) for err in exc.errors()])
     else:  # a rule across keys names the variables that set its key, as a field's error does
         problems = [(k, m + env_source(k, env)) for k, m in semantic_problems(settings)]
     finally:
@@ -280,6 +281,65 @@ def load_settings(
     if problems:
         raise ConfigError(problems)
     return settings
+
+
+def _more_problems(
+    data: dict[str, Any], env: Mapping[str, str], bad: list[tuple[str, ...]]
+) -> list[tuple[str, str]]:
+    """The rules across keys, checked among the keys that are valid (the failing ones set
+    aside, and whatever setting them aside makes fail in turn), so that check reports every
+    problem at once rather than one kind per attempt. Nothing about a key set aside."""
+    for _ in range(4):
+        kept = _without(data, bad)
+        kept_env = {n: v for n, v in env.items() if not _near(_env_path(n), bad)}
+        token = _SOURCES.set((kept, kept_env))
+        try:
+            settings = Settings()
+        except ValidationError as exc:  # still failing once set aside: a rule of the
+            # section holding it (an enabled channel wants its token): set the section aside
+            again = [_path(err["loc"]) for err in exc.errors()]
+            bad = bad + [p[:-1] if p in bad else p for p in again]
+            continue
+        finally:
+            _SOURCES.reset(token)
+        return [
+            (k, m + env_source(k, env))
+            for k, m in semantic_problems(settings)
+            if not _near(tuple(k.split(".")), bad)
+        ]
+    return []
+
+
+def _path(loc: tuple[Any, ...]) -> tuple[str, ...]:
+    """A pydantic location as keys, up to the first list index (a list is set aside whole:
+    dropping one item would renumber the rest)."""
+    out = []
+    for part in loc:
+        if isinstance(part, int):
+            break
+        out.append(str(part))
+    return tuple(out)
+
+
+def _near(path: tuple[str, ...], bad: list[tuple[str, ...]]) -> bool:
+    """`path` is, holds or lies inside one of `bad`."""
+    return any(path[: len(b)] == b or b[: len(path)] == path for b in bad if b)
+
+
+def _env_path(name: str) -> tuple[str, ...]:
+    if not name.upper().startswith(ENV_PREFIX):
+        return ()
+    return tuple(name[len(ENV_PREFIX) :].lower().split("__"))
+
+
+def _without(data: dict[str, Any], bad: list[tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        inside = [b[1:] for b in bad if b and b[0] == key]
+        if any(not rest for rest in inside):
+            continue
+        out[key] = _without(value, inside) if inside and isinstance(value, dict) else value
+    return out
 
 
 def _covered(key: str, unset: list[tuple[str, str]]) -> bool:

@@ -401,6 +401,30 @@ def test_every_problem_is_reported_not_just_the_first(tmp_path: Path) -> None:
     assert keys == {"server.prot", "server.port", "agent.queue_mode", "agent.limits.max_steps"}
 
 
+def test_a_field_problem_does_not_hide_the_problems_across_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rules across keys ran only once every field was valid: check named server.port, and
+    store.url (or a channel enabled without its token) only on the next attempt."""
+    monkeypatch.setenv("SWITCHBOARD__AGENT__HISTORY_TURNS", "many")
+    problems = dict(
+        problems_of(
+            write(
+                tmp_path,
+                '[server]\nport = "abc"\n[store]\nurl = "mysql://x"\n'
+                "[channels.telegram]\nenabled = true\n",
+            )
+        )
+    )
+    assert set(problems) >= {
+        "server.port",
+        "agent.history_turns",
+        "store.url",
+        "channels.telegram.token",
+    }
+    assert "SWITCHBOARD__AGENT__HISTORY_TURNS" in problems["agent.history_turns"]
+
+
 def test_invalid_toml_is_a_problem_at_config(tmp_path: Path) -> None:
     problems = problems_of(write(tmp_path, "[server\nport = = 1\n"))
     assert [key for key, _ in problems] == ["config"]
