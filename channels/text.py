@@ -1,18 +1,39 @@
-"""Where text may be cut: between grapheme clusters, what a person sees as one character (a
+"""Text helpers every channel's formatter shares.
+
+Where text may be cut: between grapheme clusters, what a person sees as one character (a
 flag, a family emoji, a letter with its accents, a Thai syllable's vowel sign). A cut inside
 one shows broken symbols on both sides. The clusters are Unicode's extended grapheme clusters
 (UAX #29), from the `regex` module's `\\X`.
+
+How the agent's Markdown is read: with markdown-it, none of its text ever lost. markdown-it
+stops reading blocks nested deeper than its `maxNesting` and silently drops the rest of the
+input (the commonmark preset's 20 levels are ten nested lists, each list and its item taking
+one), so `parse` checks every line that holds text was read into some block and keeps what
+was not as plain text.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import regex
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
-__all__ = ["cluster_cut", "clusters"]
+__all__ = ["MAX_NESTING", "cluster_cut", "clusters", "parse"]
 
 _CLUSTER = regex.compile(r"\X")
+# markdown-it's default preset: 49 nested lists or 99 nested quotes, far below Python's
+# recursion limit (markdown-it and the Slack renderer recurse once or twice a level)
+MAX_NESTING = 100
+_NEWLINE = re.compile(r"\r\n?|\n")  # markdown-it's line breaks
+# a line of container markers alone (an empty list item, a blank quoted line): no text
+_MARKERS_ONLY = re.compile(r"[ \t]*(?:(?:>|(?:[-+*]|\d{1,9}[.)])(?=[ \t]|$))[ \t]*)*")
+_CONTAINERS = frozenset(
+    {"blockquote_open", "bullet_list_open", "ordered_list_open", "list_item_open"}
+)
 
 
 def clusters(text: str) -> Iterator[str]:
@@ -30,3 +51,56 @@ def cluster_cut(text: str, start: int, end: int) -> int:
             break
         cut = match.end()
     return cut if cut > start else end
+
+
+def parse(md: MarkdownIt, markdown: str) -> list[Token]:
+    """markdown-it's block tokens for `markdown`, with every line of text in them: from the
+    first line no block read (markdown-it gave up there), the text follows as plain
+    paragraphs, each line stripped of its indent."""
+    lines = _NEWLINE.split(markdown)
+    end, source = len(lines), markdown
+    while True:  # the part before a lost line is read again, so it ends where it did
+        env: dict[str, Any] = {}
+        tokens = md.parse(source, env)
+        lost = _first_lost(lines[:end], tokens, env)
+        if lost is None:
+            return tokens + _paragraphs(lines[end:])
+        end, source = lost, "\n".join(lines[:lost])
+
+
+def _first_lost(lines: list[str], tokens: list[Token], env: dict[str, Any]) -> int | None:
+    """The first line holding text that no block token (nor link reference definition) covers."""
+    read = [False] * (len(lines) + 1)
+    maps = [t.map for t in tokens if t.map and t.type not in _CONTAINERS]
+    refs = [*env.get("references", {}).values(), *env.get("duplicate_refs", ())]
+    for start, stop in [*maps, *(ref["map"] for ref in refs)]:
+        read[start:stop] = [True] * (stop - start)
+    for n, line in enumerate(lines):
+        if not read[n] and not _MARKERS_ONLY.fullmatch(line):
+            return n
+    return None
+
+
+def _paragraphs(lines: list[str]) -> list[Token]:
+    """Lines as plain-text paragraphs, split at blank lines (nothing in them is markup)."""
+    tokens: list[Token] = []
+    para: list[str] = []
+    for line in [*lines, ""]:
+        if text := line.strip(" \t"):
+            para.append(text)
+            continue
+        if not para:
+            continue
+        children: list[Token] = []
+        for text in para:
+            if children:
+                children.append(Token("softbreak", "br", 0))
+            children.append(Token("text", "", 0, content=text))
+        content = "\n".join(para)
+        tokens += [
+            Token("paragraph_open", "p", 1, block=True),
+            Token("inline", "", 0, content=content, children=children, block=True, level=1),
+            Token("paragraph_close", "p", -1, block=True),
+        ]
+        para = []
+    return tokens

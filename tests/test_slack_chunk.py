@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from channels.slack.adapter import render
 from channels.slack.chunk import SECTION_LIMIT, sections
-from channels.slack.format import to_mrkdwn
+from channels.slack.format import escape, to_mrkdwn
 from core.models import Reply
 from tests.fake_slack import mrkdwn_problems
 from tests.text_samples import CLUSTERS, JOINED, cluster_bounds
@@ -153,6 +153,34 @@ def test_a_hard_cut_never_splits_a_grapheme_cluster(cluster: str) -> None:
     assert "".join(parts) == text
     assert all(len(part) <= SECTION_LIMIT for part in parts)
     assert all(part.startswith(cluster) for part in parts[1:])
+
+
+# what joins the character before it into one cluster: a combining accent, a zero-width
+# joiner, a skin tone, an emoji variation selector
+_JOINERS = ["\u0301", "\u200d", "\U0001f3fd", "\ufe0f"]
+
+
+@pytest.mark.parametrize("joiner", _JOINERS)
+@pytest.mark.parametrize("char", [">", "<", "&"])
+def test_a_cut_never_falls_inside_an_entity_joined_to_what_follows(joiner: str, char: str) -> None:
+    """`&gt;` and a combining accent are one cluster: stepping back to its start put the cut
+    inside the entity (raw `&gt` in one section, `;` in the next)."""
+    entity = escape(char)
+    text = "a" * (SECTION_LIMIT - len(entity)) + entity + joiner + "b" * 100
+    parts = sections(text)
+    assert "".join(parts) == text
+    assert all(mrkdwn_problems(part) == [] for part in parts)
+    assert parts[1].startswith(entity + joiner)
+
+
+@pytest.mark.parametrize("joiner", _JOINERS)
+def test_a_cut_never_falls_inside_a_link_joined_to_what_follows(joiner: str) -> None:
+    """A link filling a whole section and then a joining character: the cut went before
+    the link's `>`; it goes after it (the link cannot move to the next section)."""
+    link = "<https://example.com/" + "a" * (SECTION_LIMIT - 24) + "|x>"
+    parts = sections(f"{link}{joiner} rest")
+    assert parts == [link, f"{joiner} rest"]
+    assert all(mrkdwn_problems(part) == [] for part in parts)
 
 
 @settings(max_examples=150, deadline=None)

@@ -13,6 +13,7 @@ from markdown_it import MarkdownIt
 from channels.slack.chunk import BUTTON_TEXT, SECTION_LIMIT, _marks, messages, sections
 from channels.slack.format import to_mrkdwn
 from tests.fake_slack import mrkdwn_problems
+from tests.text_samples import JOINED
 
 _MD = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
 _LINK = re.compile(r"<([^<>|]*)\|([^<>]*)>")
@@ -259,3 +260,10 @@ def test_buttons_are_cut_to_slack_limits() -> None:
     assert len(first["value"]) == 2000
     assert second["text"]["text"] == "only-value"
     assert message.text  # the labels stand in for the notification text
+
+
+@pytest.mark.parametrize("cluster", JOINED)
+def test_a_long_button_label_is_cut_between_grapheme_clusters(cluster: str) -> None:
+    """The label was cut at a code point: half a flag or a family emoji before the "…"."""
+    (message,) = messages([], [("x" * (BUTTON_TEXT - 2) + cluster + " and more", "v")])
+    assert message.blocks[0]["elements"][0]["text"]["text"] == "x" * (BUTTON_TEXT - 2) + "…"

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from channels.whatsapp import format as whatsapp_format
 from channels.whatsapp.adapter import OUTPUT_RULES
 from channels.whatsapp.format import _MD, ZWSP, _plain_units, _Walker, chunk, plain, wlen
 from channels.whatsapp.outbound import (
@@ -21,6 +25,8 @@ from channels.whatsapp.outbound import (
 )
 from core.models import Attachment, Button, Reply
 from tests.text_samples import JOINED
+
+TraceFunction = Callable[[FrameType, str, object], Any]
 
 TO = recipient("15551234567")
 
@@ -406,3 +412,44 @@ def test_hard_cuts_keep_accents_on_their_letters_in_code_too() -> None:
     assert len(chunks) > 5
     assert "".join(_monospace(chunks)) == "x" + _ACCENT * 3000
     assert not any(c.startswith("```\u0301") for c in chunks)
+
+
+def _lines_run(markdown: str) -> int:
+    """How many lines of channels/whatsapp/format.py chunking `markdown` runs: a count of
+    work, the same on every machine (a time is not)."""
+    source = whatsapp_format.__file__
+    count = 0
+
+    def count_lines(frame: FrameType, event: str, arg: object) -> TraceFunction:
+        nonlocal count
+        count += event == "line"
+        return count_lines
+
+    def trace(frame: FrameType, event: str, arg: object) -> TraceFunction | None:
+        return count_lines if frame.f_code.co_filename == source else None
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        chunk(markdown, limit=10**6)  # one chunk: only the length of the line varies
+    finally:
+        sys.settrace(previous)
+    return count
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda n: "_Allowed values: " + ", ".join(f"`v{i}`" for i in range(n)) + "._",
+        lambda n: "*a*" * n,
+        lambda n: "*a* http://x_y.z " * n,
+        lambda n: "x_ http://a.b/c_d " * n,
+    ],
+    ids=["italic with code", "adjacent bold", "styles and links", "markers and links"],
+)
+def test_the_work_on_a_line_grows_with_its_length_not_its_square(
+    build: Callable[[int], str],
+) -> None:
+    """Each styled span once re-read every span sharing its style (and every link of the
+    line): 17k chars of one line took seconds, on the event loop."""
+    assert _lines_run(build(400)) < 5 * _lines_run(build(100))  # linear: ~4x, quadratic: 16x

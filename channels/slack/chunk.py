@@ -44,6 +44,7 @@ _QUOTE = re.compile(r"(?:>(?: |$))*")
 _TOKEN = re.compile(r"`[^`\n]+`|<[^<>\n]*>|[*_~]")  # inline code, a link, a style marker
 _LINK = re.compile(r"<([^<>|\n]*)(?:\|([^<>\n]*))?>")  # its address, and its label if any
 _ENTITY = re.compile(r"&[a-z]{0,4}$")
+_WHOLE_ENTITY = re.compile(r"&[a-z]{2,4};")
 
 _Mark = tuple[int, str, bool]  # where in the line, the marker, whether it opens
 
@@ -112,8 +113,8 @@ def _fallback(blocks: list[dict[str, Any]]) -> str:
 
 def _button(index: int, label: str, value: str) -> dict[str, Any]:
     text = label.strip() or value.strip() or "…"
-    if len(text) > BUTTON_TEXT:
-        text = text[: BUTTON_TEXT - 1] + "…"
+    if len(text) > BUTTON_TEXT:  # cut between grapheme clusters: a flag stays whole
+        text = text[: cluster_cut(text, 0, BUTTON_TEXT - 1)].rstrip() + "…"
     return {
         "type": "button",
         "action_id": f"sb_{index}",
@@ -352,8 +353,9 @@ def _cut(line: str, limit: int) -> list[str]:
 def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = None) -> int:
     """Where to cut `line[start:]` to keep at most `room` chars: at a space outside links in
     the second half, else before a link that starts mid-line, else never inside an
-    `&amp;`-style entity nor a grapheme cluster; never just after a style opens or just
-    before one closes. A link at `start` fits in `room` (`_fit_links` sees to it)."""
+    `&amp;`-style entity nor a grapheme cluster (markup first: a cluster can begin with a
+    link's `>` or an entity's `;`); never just after a style opens or just before one closes.
+    A link at `start` fits in `room` (`_fit_links` sees to it)."""
     end = start + room
     for at in range(end, start + room // 2, -1):
         if line[at] == " " and line.rfind("<", start, at) <= line.rfind(">", start, at):
@@ -366,7 +368,7 @@ def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = Non
     elif entity and entity.start() > start:
         at = entity.start()
     else:
-        at = cluster_cut(line, start, end)
+        at = _outside_markup(line, start, cluster_cut(line, start, end), end)
     opening = {i for i, _, opens in marks or () if opens}
     closing = {i for i, _, opens in marks or () if not opens}
     while at - 1 > start and at - 1 in opening:
@@ -374,3 +376,22 @@ def _cut_point(line: str, start: int, room: int, marks: list[_Mark] | None = Non
     while at in closing:
         at += 1  # the closer stands in for the one the cut would add
     return at
+
+
+def _outside_markup(line: str, start: int, at: int, end: int) -> int:
+    """`at`, a cut between grapheme clusters, moved out of the link or entity it falls in
+    (as when `&gt;` and a combining accent make one cluster): back to where that starts, or
+    when it starts the row, on past its end, cutting the cluster instead."""
+    opened = line.rfind("<", start, at)
+    if opened > line.rfind(">", start, at):
+        closed = line.find(">", at)
+        if opened > start:
+            return opened
+        return closed + 1 if 0 <= closed < end else at
+    entity = _ENTITY.search(line, start, at)
+    if entity is None:
+        return at
+    if entity.start() > start:
+        return entity.start()
+    whole = _WHOLE_ENTITY.match(line, entity.start())
+    return whole.end() if whole and whole.end() <= end else at

@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from markdown_it import MarkdownIt
 from markdown_it.tree import SyntaxTreeNode
 
+from channels.text import MAX_NESTING, parse
+
 __all__ = ["escape", "to_mrkdwn"]
 
-_MD = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
+_MD = MarkdownIt("commonmark", {"html": False, "maxNesting": MAX_NESTING}).enable(
+    ["strikethrough", "table"]
+)
 _LINK_SCHEMES = ("http://", "https://", "mailto:")
 _BULLETS = ("•", "◦", "▪")
 _FENCE = "```"
@@ -42,7 +46,7 @@ def escape(text: str) -> str:
 
 def to_mrkdwn(markdown: str) -> str:
     """Render Markdown as mrkdwn; blocks are separated by one blank line."""
-    return _blocks(SyntaxTreeNode(_MD.parse(markdown)).children, depth=0).strip("\n")
+    return _blocks(SyntaxTreeNode(parse(_MD, markdown)).children, depth=0).strip("\n")
 
 
 def _entities(text: str) -> str:

@@ -8,7 +8,8 @@ output and Telegram answers "can't parse entities". HTML's tag set (b, i, s, u, 
 a href, blockquote) covers what the agent writes.
 
 Parsing uses markdown-it (CommonMark + tables and strikethrough, raw HTML off, so every `<`
-and `&` the agent writes stays visible text). Headings and table headers become bold;
+and `&` the agent writes stays visible text) through `channels.text.parse`, so text nested
+deeper than markdown-it reads stays, as plain text. Headings and table headers become bold;
 `*em*` italic; `**strong**` bold; `~~s~~` strikethrough; `` `code` `` code; fences pre with
 their language; quotes blockquote (never nested: Telegram refuses nested quotes); lists keep
 their markers as text; links keep http(s), tg and mailto targets, and any other target is
@@ -25,10 +26,13 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from channels.telegram.rich import Rich, Stack, Tag
+from channels.text import MAX_NESTING, parse
 
 __all__ = ["render"]
 
-_MD = MarkdownIt("commonmark", {"html": False}).enable(["strikethrough", "table"])
+_MD = MarkdownIt("commonmark", {"html": False, "maxNesting": MAX_NESTING}).enable(
+    ["strikethrough", "table"]
+)
 _LINK = re.compile(r"^(?:https?://|tg://|mailto:)[^\s<>\"]+$", re.IGNORECASE)
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_+#.-]{0,31}$")
 _INLINE_TAGS = {"strong": "b", "em": "i", "s": "s"}
@@ -38,7 +42,7 @@ _HR = "———"
 def render(markdown: str) -> Rich:
     """Markdown → rich text; never fails, whatever the input."""
     builder = _Builder()
-    builder.blocks(_MD.parse(markdown))
+    builder.blocks(parse(_MD, markdown))
     return builder.rich
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from channels.text import clusters
+from channels.text import MAX_NESTING, clusters, parse
 
 __all__ = [
     "MAX_TEXT",
@@ -38,7 +38,7 @@ BOLD, ITALIC, STRIKE, MONO = "*", "_", "~", "```"
 ZWSP = "\u200b"
 _MARK = {"strong": BOLD, "em": ITALIC, "s": STRIKE}
 _WORD = re.compile(r"\S+\s*|\s+")
-_MD = MarkdownIt("commonmark").enable(["strikethrough", "table"])
+_MD = MarkdownIt("commonmark", {"maxNesting": MAX_NESTING}).enable(["strikethrough", "table"])
 # a line markdown-it gives back as it is: it starts with a letter (so it opens no list, quote,
 # heading, fence, table or indented code), ends without a space (no hard break), and holds no
 # character an inline rule reads (styles, code, links, HTML, entities, escapes, tables)
@@ -110,11 +110,11 @@ def _shown(spans: list[Span]) -> list[Span]:
     """Spans as WhatsApp must get them: a style that would open or close inside a word
     dropped (it would show as markers), code's backtick runs broken, and marker characters
     in text made inert."""
-    kept = [tuple(m for m in s.marks if not _inside_word(spans, i, m)) for i, s in enumerate(spans)]
+    kept = _kept_marks(spans)
     line = "".join(s.text for s in spans)
     links = [] if _MARKER_CHARS.isdisjoint(line) else _links(line)
     out: list[Span] = []
-    start = 0
+    start = first_link = 0
     for i, span in enumerate(spans):
         end = start + len(span.text)
         if MONO in kept[i]:
@@ -123,21 +123,43 @@ def _shown(spans: list[Span]) -> list[Span]:
             # a neighbour in a span styled otherwise is across a marker: a word edge
             before = line[start - 1 : start] if i and kept[i - 1] == kept[i] else ""
             after = line[end : end + 1] if i + 1 < len(spans) and kept[i + 1] == kept[i] else ""
-            inside = [(a - start, b - start) for a, b in links if a < end and b > start]
+            while first_link < len(links) and links[first_link][1] <= start:
+                first_link += 1  # links are in order: one ended here ends before every later span
+            inside = []
+            for a, b in links[first_link:]:
+                if a >= end:
+                    break
+                inside.append((a - start, b - start))
             text = _inert(span.text, before, after, inside)
         out.append(Span(text, kept[i]))
         start = end
     return out
 
 
-def _inside_word(spans: list[Span], i: int, mark: str) -> bool:
-    """Whether the run of spans styled `mark` around spans[i] touches a letter or digit
-    outside it, where WhatsApp would not read the marker as a style."""
-    first = last = i
-    while first > 0 and mark in spans[first - 1].marks:
-        first -= 1
-    while last + 1 < len(spans) and mark in spans[last + 1].marks:
-        last += 1
+def _kept_marks(spans: list[Span]) -> list[tuple[str, ...]]:
+    """Each span's marks less those of a run (the spans in a row styled with one mark) that
+    touches a letter or digit outside it, where WhatsApp would not read the marker as a
+    style. Each run is read once, so a line of many spans costs no more than its length."""
+    dropped: list[set[str]] = [set() for _ in spans]
+    for mark in {m for s in spans for m in s.marks}:
+        first = 0
+        while first < len(spans):
+            if mark not in spans[first].marks:
+                first += 1
+                continue
+            last = first
+            while last + 1 < len(spans) and mark in spans[last + 1].marks:
+                last += 1
+            if _inside_word(spans, first, last):
+                for i in range(first, last + 1):
+                    dropped[i].add(mark)
+            first = last + 1
+    return [tuple(m for m in s.marks if m not in dropped[i]) for i, s in enumerate(spans)]
+
+
+def _inside_word(spans: list[Span], first: int, last: int) -> bool:
+    """Whether spans[first:last + 1] touch a letter or digit outside them at a side where
+    their text does not begin or end with a space."""
     text = "".join(s.text for s in spans[first : last + 1])
     before = spans[first - 1].text[-1:] if first else ""
     after = spans[last + 1].text[:1] if last + 1 < len(spans) else ""
@@ -159,12 +181,19 @@ def _inert(text: str, before: str, after: str, links: list[tuple[int, int]]) -> 
     """Text whose `*`, `_`, `~` and backticks cannot open or close a style: each one at a word
     edge gets a zero-width space on both sides. Left as they are: one inside a word or
     between spaces (it pairs with nothing) and links (a zero-width space would break them).
-    `before` and `after` are the characters around text ("" for an edge)."""
+    `before` and `after` are the characters around text ("" for an edge); `links` are in
+    order."""
     if _MARKER_CHARS.isdisjoint(text):
         return text
     out = []
+    link = 0
     for i, ch in enumerate(text):
-        if ch in _MARKER_CHARS and not any(a <= i < b for a, b in links):
+        if ch in _MARKER_CHARS:
+            while link < len(links) and links[link][1] <= i:
+                link += 1
+            if link < len(links) and links[link][0] <= i:
+                out.append(ch)  # in a link
+                continue
             prev = text[i - 1] if i else before
             next_ = text[i + 1] if i + 1 < len(text) else after
             if not (prev.isalnum() and next_.isalnum()) and (prev.strip() or next_.strip()):
@@ -351,7 +380,7 @@ def inline_lines(children: list[Token], base: tuple[str, ...]) -> list[list[Span
 
 def to_units(markdown: str) -> list[Unit]:
     units = _plain_units(markdown)
-    return units if units is not None else _Walker().walk(_MD.parse(markdown))
+    return units if units is not None else _Walker().walk(parse(_MD, markdown))
 
 
 def _plain_units(text: str) -> list[Unit] | None:
