@@ -715,7 +715,12 @@ async def test_an_answer_that_shows_nothing_is_no_answer(invisible: str) -> None
     assert outcome.text == APOLOGY_EMPTY
 
 
-@pytest.mark.parametrize("shown", ["👍", "?", "`x`", "&amp;", "ok", "![a map](u)", "| a |\n|---|"])
+DEEP = "".join("  " * i + "- \n" for i in range(12)) + "  " * 12 + "- 🎉"  # past 10 levels
+
+
+@pytest.mark.parametrize(
+    "shown", ["👍", "?", "`x`", "&amp;", "ok", "![a map](u)", "| a |\n|---|", DEEP]
+)
 def test_short_answers_that_show_something_are_answers(shown: str) -> None:
     assert not shows_nothing(shown)
 

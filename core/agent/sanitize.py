@@ -17,7 +17,7 @@ _ENTITY = re.compile(r"&#?[0-9A-Za-z]+;")
 _HTML = re.compile(r"<!--.*?-->|<[^>\n]*>", re.DOTALL)
 _FENCE_LINE = re.compile(r"^[ \t]*(?:`{3,}|~{3,}).*$", re.MULTILINE)
 _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
-_MD = MarkdownIt("commonmark")
+_MD = MarkdownIt("commonmark", {"maxNesting": 100})  # as the channels read it (channels.text)
 
 
 def shows_nothing(markdown: str) -> bool:
