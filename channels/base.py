@@ -9,7 +9,9 @@ routes mounted on the gateway's aiohttp app).
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ __all__ = [
     "Lifecycle",
     "LiveOutlet",
     "Outlet",
+    "Refusals",
     "webhook_ok",
 ]
 
@@ -139,3 +142,25 @@ class ChannelContext:
             partial.write_bytes(data)
             partial.replace(path)
         return path
+
+
+class Refusals:
+    """A warning about requests anyone can send (a bad signature, a wrong verify token),
+    logged at most once per `every_s`; the next line says how many more there were, so a
+    flood of forged requests cannot flood the log too (the 4xx are counted in the metrics)."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 60.0) -> None:
+        self._log, self._every = logger, every_s
+        self._last: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def warning(self, msg: str, **extra: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(msg)
+        if last is not None and now - last < self._every:
+            self._skipped[msg] = self._skipped.get(msg, 0) + 1
+            return
+        skipped = self._skipped.pop(msg, 0)
+        self._last[msg] = now
+        more = f" (and {skipped} more since the last such line)" if skipped else ""
+        self._log.warning("%s%s", msg, more, extra=extra)

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from channels.whatsapp.settings import DEFAULT_UNSUPPORTED_REPLY
@@ -64,8 +65,10 @@ async def test_handshake_echoes_the_challenge_only_for_the_right_token(gw: Gatew
 
 
 async def test_bad_or_missing_signature_is_refused_and_nothing_stored(
-    gw: Gateway, fake_openai: FakeOpenAI
+    gw: Gateway, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Refused, and said once: each forged request logged a warning (Telegram and Slack log
+    none), so anyone could flood the log."""
     data = text_message("hello")
     assert (await gw.notify(data, signature=None)).status_code == 401
     assert (await gw.notify(data, signature=sign(b"{}"))).status_code == 403
@@ -78,6 +81,8 @@ async def test_bad_or_missing_signature_is_refused_and_nothing_stored(
     assert await gw.store.pending(session()) == []
     assert fake_openai.requests == []
     assert gw.graph.sent == []
+    said = [r for r in caplog.records if "bad signature" in r.getMessage()]
+    assert len(said) == 1
 
 
 async def test_malformed_json_is_400_and_unknown_numbers_are_ignored(gw: Gateway) -> None:

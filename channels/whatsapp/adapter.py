@@ -22,7 +22,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext, webhook_ok
+from channels.base import BadInput, ChannelContext, Refusals, webhook_ok
 from channels.mend import mend_json
 from channels.order import Turns
 from channels.whatsapp.client import GraphClient
@@ -71,6 +71,7 @@ class WhatsAppAdapter:
         self._numbers = frozenset(settings.numbers())
         self._secret = _secret(settings.app_secret).encode()
         self._verify = _secret(settings.verify_token).encode()
+        self._refusals = Refusals(log)
         self._graph = GraphClient(
             settings.api_base,
             settings.api_version,
@@ -123,7 +124,7 @@ class WhatsAppAdapter:
             if not _CHALLENGE.fullmatch(challenge):  # Meta sends an integer to echo back
                 raise web.HTTPBadRequest(text="hub.challenge: missing or not a number-like token")
             return web.Response(text=challenge, content_type="text/plain")
-        log.warning("WhatsApp verification refused", extra={"channel": CHANNEL})
+        self._refusals.warning("WhatsApp verification refused", channel=CHANNEL)
         raise web.HTTPForbidden(text="verification failed")
 
     async def webhook(self, request: web.Request) -> web.Response:
@@ -134,7 +135,7 @@ class WhatsAppAdapter:
         expected = "sha256=" + hmac.new(self._secret, raw, hashlib.sha256).hexdigest()
         given = signature.strip()
         if not given.isascii() or not hmac.compare_digest(given.encode(), expected.encode()):
-            log.warning("WhatsApp notification with a bad signature", extra={"channel": CHANNEL})
+            self._refusals.warning("WhatsApp notification with a bad signature", channel=CHANNEL)
             raise web.HTTPForbidden(text="bad signature")
         try:
             events = parse_json(mend_json(raw), self._numbers, time.time())
