@@ -9,7 +9,9 @@ How the agent's Markdown is read: with markdown-it, none of its text ever lost. 
 stops reading blocks nested deeper than its `maxNesting` and silently drops the rest of the
 input (the commonmark preset's 20 levels are ten nested lists, each list and its item taking
 one), so `parse` checks every line that holds text was read into some block and keeps what
-was not as plain text.
+was not as plain text. And a single `*` inside a word stays a `*`: CommonMark reads the `*`s of
+2*3*4 or a*b + c*d as italics, which every channel then showed as "234" or "ab + cd" (WhatsApp
+and Slack show no style inside a word and dropped the markers; Telegram italicised the 3).
 """
 
 from __future__ import annotations
@@ -64,8 +66,41 @@ def parse(md: MarkdownIt, markdown: str) -> list[Token]:
         tokens = md.parse(source, env)
         lost = _first_lost(lines[:end], tokens, env)
         if lost is None:
+            for token in tokens:
+                if token.type == "inline" and token.children:
+                    token.children = _stars_in_words(token.children)
             return tokens + _paragraphs(lines[end:])
         end, source = lost, "\n".join(lines[:lost])
+
+
+def _stars_in_words(children: list[Token]) -> list[Token]:
+    """Italics opened by a single `*` that start or end inside a word, back to their `*`s."""
+    out = list(children)
+    for i, tok in enumerate(out):
+        if tok.type != "em_open" or tok.markup != "*":
+            continue
+        close = _closing(out, i)
+        if close is None:
+            continue
+        before = out[i - 1].content[-1:] if i and out[i - 1].type == "text" else ""
+        after = out[close + 1] if close + 1 < len(out) else None
+        after_char = after.content[:1] if after is not None and after.type == "text" else ""
+        if before.isalnum() or after_char.isalnum():
+            out[i] = Token("text", "", 0, content="*")
+            out[close] = Token("text", "", 0, content="*")
+    return out
+
+
+def _closing(children: list[Token], at: int) -> int | None:
+    depth = 0
+    for j in range(at, len(children)):
+        if children[j].type == "em_open":
+            depth += 1
+        elif children[j].type == "em_close":
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
 
 
 def _first_lost(lines: list[str], tokens: list[Token], env: dict[str, Any]) -> int | None:

@@ -69,6 +69,30 @@ def test_no_channel_loses_text_however_deep_the_nesting(
     assert re.findall(r"\bw\w+", out) == re.findall(r"\bw\w+", md)
 
 
+_RENDERERS = [
+    lambda md: "\n".join(sections(to_mrkdwn(md))).replace("\u2217", "*"),  # Slack's inert *
+    lambda md: "\n".join(html for _, html in telegram_render(md).chunks()),
+    lambda md: "\n".join(whatsapp_chunk(md)).replace("\u200b", ""),
+]
+
+
+@pytest.mark.parametrize("md", ["2*3*4 = 24", "x = a*b + c*d", "un*break*able", "x*y* z"])
+@pytest.mark.parametrize("render", _RENDERERS, ids=["slack", "telegram", "whatsapp"])
+def test_a_single_asterisk_inside_a_word_stays_as_written(
+    md: str, render: Callable[[str], str]
+) -> None:
+    """CommonMark reads the `*`s of 2*3*4 as italics: WhatsApp and Slack, which show no style
+    inside a word, sent "234 = 24" (and "x = ab + cd"), and Telegram italicised the 3."""
+    assert render(md) == md
+
+
+@pytest.mark.parametrize("render", _RENDERERS, ids=["slack", "telegram", "whatsapp"])
+def test_italics_at_word_edges_are_still_italics(render: Callable[[str], str]) -> None:
+    out = render("this is *italic*, and *so is this*")
+    assert "*italic*" not in out
+    assert "italic" in out
+
+
 def test_what_a_parser_gives_up_on_follows_as_plain_text() -> None:
     """Whatever the limit, the part read keeps its Markdown and the rest its text, as is."""
     md = MarkdownIt("commonmark", {"maxNesting": 4})  # two lists deep

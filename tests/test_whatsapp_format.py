@@ -349,13 +349,22 @@ def test_markers_inside_words_and_links_are_left_alone() -> None:
     ("md", "shown"),
     [
         ("the **API**s are ready", "the APIs are ready"),
-        ("un*break*able and re~~do~~ne", "unbreakable and redone"),
+        ("un**break**able and re~~do~~ne", "unbreakable and redone"),
         ("**API**: ready, (_see_)", "*API*: ready, (_see_)"),
     ],
 )
 def test_a_style_inside_a_word_is_dropped_not_shown_as_markers(md: str, shown: str) -> None:
     """WhatsApp reads a marker as a style only at a word's edge."""
     assert chunk(md) == [shown]
+
+
+@pytest.mark.parametrize(
+    "md", ["2*3*4 = 24", "x = a*b + c*d", "un*break*able", "the 5*3*2 rule: 30"]
+)
+def test_a_single_asterisk_inside_a_word_stays_as_written(md: str) -> None:
+    """CommonMark reads the `*`s of 2*3*4 as italics, which WhatsApp cannot show inside a
+    word: dropping them sent "234 = 24" (and "x = ab + cd"), a different statement."""
+    assert chunk(md) == [md]
 
 
 def test_a_long_quote_stays_quoted_in_every_chunk() -> None:
