@@ -264,8 +264,20 @@ class KnowledgeBase:
                 return s.text
         raise KeyError(section)
 
+    def _terms(self, query: str) -> list[str]:
+        """The query's terms; a lone character of a script written without spaces (猫, a
+        word of its own) stands for the indexed pairs that hold it: text is indexed by pairs
+        only, and a one-character word never matched."""
+        out: list[str] = []
+        for term in tokenize(query):
+            if len(term) == 1 and _UNSPACED.fullmatch(term):
+                out.extend(t for t in self._idf if len(t) == 2 and term in t)
+            else:
+                out.append(term)
+        return out
+
     def search(self, query: str, limit: int = 5) -> list[Hit]:
-        terms = tokenize(query)
+        terms = self._terms(query)
         if not terms or not self._docs:
             return []
         scored = []
@@ -287,7 +299,7 @@ class KnowledgeBase:
         the part that matched, not its start."""
         if len(text) <= width:
             return 0, len(text)
-        terms = set(tokenize(query))
+        terms = set(self._terms(query))
         pieces = _pieces(text, max(1, width // 8))
         found = [terms.intersection(tokenize(text[start:end])) for start, end in pieces]
         best, window = -1.0, (0, 0)

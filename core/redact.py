@@ -25,3 +25,15 @@ class Blanker:
         for form in self._forms:
             text = text.replace(form, self._mark)
         return text
+
+    def cut(self, data: bytes, cap: int) -> str:
+        """At most the first `cap` bytes of `data` as text, blanked. `data` must hold `longest`
+        bytes past the cap (or all there is): a secret the cap would halve is left out whole,
+        so its first part cannot show."""
+        end = cap
+        for form in self._forms:
+            raw = form.encode()
+            at = data.find(raw, max(0, cap - len(raw) + 1))
+            if 0 <= at < end:
+                end = at
+        return self(data[:end].decode("utf-8", "ignore"))

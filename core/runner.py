@@ -217,17 +217,6 @@ class SessionRunner:
         self.overflow_noticed = False
         self.batch_ids = set(run.inbox_ids)
         self.batch_texts = [describe_inbound(i.message) for i in batch]
-        day = time.strftime("%Y-%m-%d", time.gmtime())
-        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
-        quotas, over, refused = await self._reserve(batch, day, run.credits)
-        if refused is not None:
-            await self._refuse(run, refused)
-            return
-        if over:  # in a group: answer the others, and tell those over their limit
-            self.batch_texts = [
-                describe_inbound(i.message) for i in batch if i.message.sender.id not in over
-            ]
-            await self.notice(self.mgr.quota.message)
         if session is None:
             session = await self.mgr.store.get_session(self.skey)
         turns = self.policy.history_turns
@@ -246,6 +235,23 @@ class SessionRunner:
             guard=self._fence,
             confirmations=[c for i in batch if (c := _confirmation(i)) is not None],
         )
+        day = time.strftime("%Y-%m-%d", time.gmtime())
+        run.credits = self.mgr.quota.credits(self.profile.loop.limits)
+        quotas, over, refused = await self._reserve(batch, day, run.credits)
+        if refused is not None:
+            await self._refuse(run, refused)
+            return
+        if over:  # in a group: answer the others, and tell those over their limit
+            self.batch_texts = [
+                describe_inbound(i.message) for i in batch if i.message.sender.id not in over
+            ]
+            turn.user_texts = list(self.batch_texts)
+            try:
+                await self.notice(self.mgr.quota.message)
+            except BaseException:  # the turn will be tried again: so will its reservation
+                with contextlib.suppress(StoreError):
+                    await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+                raise
         live = self._live()
         if live is not None:
             await _quietly(live.run_started(self.key, run.id, batch[-1].message), self.skey)
@@ -269,8 +275,7 @@ class SessionRunner:
                     extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
                 )
 
-        about(run_id=run.id)
-        self.turn_task = asyncio.create_task(self.profile.loop.run(turn, emit))
+        self.turn_task = asyncio.create_task(_about_run(run.id, self.profile.loop.run(turn, emit)))
         try:
             outcome = await self.turn_task
         except asyncio.CancelledError:
@@ -445,9 +450,10 @@ class SessionRunner:
             return
         try:
             await asyncio.to_thread(shutil.rmtree, folder)
-        except OSError as exc:
+        except OSError as exc:  # its name holds the session key (a web chat's cookie): not shown
             extra = {"session": self.skey, "channel": self.key.channel}
-            log.warning("reset: workspace %s not cleared: %s", folder, exc, extra=extra)
+            reason = exc.strerror or type(exc).__name__
+            log.warning("reset: the session's workspace was not cleared: %s", reason, extra=extra)
 
     def _workspace(self) -> Path | None:
         root = self.profile.workspace_dir
@@ -521,6 +527,13 @@ def _tool_record(step: ToolStep) -> dict[str, Any]:
         "result": step.result[:TOOL_TEXT_MAX],
         "ok": step.ok,
     }
+
+
+async def _about_run(run_id: str, run: Awaitable[RunOutcome]) -> RunOutcome:
+    """The turn, in its own task: what it logs is about this run (the runner's own lines,
+    before and after, are about the session only)."""
+    about(run_id=run_id)
+    return await run
 
 
 async def _quietly(coro: Awaitable[None], skey: str) -> None:

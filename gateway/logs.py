@@ -91,7 +91,10 @@ class _WebSessionIds(logging.Filter):
         session = getattr(record, "session", None)
         if isinstance(session, str) and ":web:" in session:
             record.session = self._KEY.sub(r"\1\2…", session)
-        text = record.getMessage()
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed call: logging reports it itself, never its caller
+            return True
         if ":web:" in text:
             record.msg, record.args = self._KEY.sub(r"\1\2…", text), None
         return True

@@ -302,10 +302,14 @@ def _more_problems(
             continue
         finally:
             _SOURCES.reset(token)
+        # an agent or a tool set aside is missing, not wrong: nothing about it is news
+        names = {b[2] for b in bad if b[:2] == ("tools", "http") and len(b) > 2}
+        names |= {b[1] for b in bad if b[:1] == ("agents",) and len(b) > 1}
         return [
             (k, m + env_source(k, env))
             for k, m in semantic_problems(settings)
             if not _near(tuple(k.split(".")), bad)
+            and not any(re.search(rf"\b{re.escape(n)}\b", m) for n in names)
         ]
     return []
 

@@ -829,13 +829,18 @@ async def test_sessions_are_searched_by_key_and_messages_and_paged(store: Store)
     id) and messages (the customer's name and words), and pages through the rest."""
     keys = [SessionKey("default", "whatsapp", "default", f"3491234{i:04d}") for i in range(12)]
     for i, k in enumerate(keys):
-        name = "José Núñez" if i == 3 else f"Customer {i}"
-        text = "my 50%_off coupon" if i == 7 else f"hello {i}"
+        name = {3: "José Núñez", 5: "Иван Петров"}.get(i, f"Customer {i}")
+        text = {7: "my 50%_off coupon", 9: 'the "Deluxe" \\ plan'}.get(i, f"hello {i}")
         await store.put_inbound(str(k), _msg(k, text, f"p{i}", name), 100)
         await asyncio.sleep(0.005)
     q = console(store)
     assert [r.key for r in await q.sessions(10, query="34912340003")] == [str(keys[3])]
     assert [r.key for r in await q.sessions(10, query="josé")] == [str(keys[3])]
+    assert [r.key for r in await q.sessions(10, query="NÚÑEZ")] == []  # only A-Z fold
+    assert [r.key for r in await q.sessions(10, query="Иван")] == [str(keys[5])]
+    assert [r.key for r in await q.sessions(10, query="JOSé NÚñez")] == []  # Ú is not A-Z
+    assert [r.key for r in await q.sessions(10, query="JOSé Núñez")] == [str(keys[3])]
+    assert [r.key for r in await q.sessions(10, query='"deluxe" \\')] == [str(keys[9])]
     assert [r.key for r in await q.sessions(10, query="50%_OFF")] == [str(keys[7])]
     assert await q.sessions(10, query="50%x") == []  # % and _ are text, not wildcards
     assert await q.sessions(10, query="0_1") == []

@@ -403,6 +403,15 @@ async def test_a_secret_the_cap_would_halve_is_still_blanked() -> None:
     assert result["truncated"] is True
     assert "s3cr" not in result["body"]
     assert len(result["body"].encode()) <= cap
+    # a second copy just past the cap, read in part: blanking the first copy moved that part
+    # under the cap
+    twice = "s3cret-token-0123456789" + "." * 287 + "s3cret-token-0123456789" * 3
+    registry, _ = _mock(
+        "https://api.example.com/a", lambda r: httpx.Response(200, text=twice), cap=cap
+    )
+    result = json.loads((await registry.call("t", "{}", CTX)).content)
+    assert "s3cr" not in result["body"]
+    assert result["body"].startswith("***")
 
 
 async def test_nan_and_infinity_never_reach_the_model_as_json() -> None:

@@ -58,6 +58,8 @@ def kb() -> KnowledgeBase:
         ("営業時間", "ja.md"),
         ("何時から営業していますか", "ja.md"),  # a question sharing only some pairs
         ("退货", "zh.md"),
+        ("料金", "ja.md"),
+        ("车", "zh.md"),  # one character: a word of its own, indexed only inside pairs
         ("Hauptstrasse", "de.md"),
         ("zlotych", "pl.md"),
     ],

@@ -16,7 +16,7 @@ from core.models import InboundMessage, Sender
 from core.sessions import AgentProfile, DeliveryPolicy, SessionManager
 from core.store import Store
 from gateway.app import build_app
-from gateway.logs import PARSER_REFUSALS, _Context, _JsonFormatter
+from gateway.logs import PARSER_REFUSALS, _Context, _JsonFormatter, _WebSessionIds
 from gateway.settings import load_settings
 from tests.fakes import RecordingOutlet, ScriptedModel, text
 from tests.loopback import serve
@@ -150,3 +150,19 @@ async def test_lines_logged_deep_in_a_run_carry_its_session_channel_and_run(
     assert len(getattr(line, "run_id", "")) == 32
     entry = json.loads(_JsonFormatter().format(line))
     assert entry["session"] == "default:test:default:c9"
+
+
+def test_a_malformed_log_call_never_raises_into_its_caller() -> None:
+    """The filter that shortens web chat ids formats each line: a call with a wrong number of
+    arguments raised TypeError at the call, where logging itself only reports it."""
+    logger = logging.getLogger("tests.malformed")
+    handler = logging.Handler()
+    handler.emit = lambda record: None  # type: ignore[method-assign,assignment]
+    handler.addFilter(_WebSessionIds())
+    logger.addHandler(handler)
+    logger.propagate = False  # pytest's own handler raises on such a call
+    try:
+        logger.warning("two args %s %s", "one")
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True

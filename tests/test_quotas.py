@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from core.agent.loop import AgentLoop, Limits
 from core.agent.tools import ToolRegistry
-from core.errors import ModelError
+from core.errors import ModelError, StoreError
 from core.models import InboundMessage, Sender, SessionKey
 from core.sessions import AgentProfile, DeliveryPolicy, QuotaPolicy, SessionManager
 from core.store import Quota, Store
@@ -152,3 +152,30 @@ async def test_in_a_group_each_person_is_checked_and_charged_for_themselves(
     assert not any("ana again" in c for c in asked)
     for person in ("ana", "bob", "carol"):
         assert await store.usage(_today(), "user", f"test:default:{person}") == 1.0
+
+
+async def test_a_turn_the_store_makes_retry_is_charged_once(
+    make: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reservation came before the turn's store reads; when one failed, the runner tried
+    the turn again and reserved again: one answer cost three credits."""
+    model = ScriptedModel()
+    model.add(text("answer"))
+    manager, outlet = await make(model, QuotaPolicy(credits_per_run=1.0, user_daily=10.0))
+    original, failures = store.history, [2]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreError("statement timeout")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "history", flaky)
+    await manager.submit(_msg("hello", "1"))
+    await asyncio.wait_for(_until_answered(outlet), 20)
+    assert await store.usage(_today(), "user", "test:default:ana") == 1.0
+
+
+async def _until_answered(outlet: RecordingOutlet) -> None:
+    while not outlet.texts():
+        await asyncio.sleep(0.05)

@@ -425,6 +425,33 @@ def test_a_field_problem_does_not_hide_the_problems_across_keys(
     assert "SWITCHBOARD__AGENT__HISTORY_TURNS" in problems["agent.history_turns"]
 
 
+@pytest.mark.parametrize(
+    ("body", "real", "made_up"),
+    [
+        (
+            '[agent]\ntools = ["search_knowledge", "lookup"]\n[tools.http.lookup]\n'
+            'url = "https://api.example.com:0/x"\ndescription = "d"\n',
+            "tools.http.lookup.url",
+            "agent.tools",
+        ),
+        (
+            '[agents.sales]\nqueue_mode = "bogus"\n[[bindings]]\nagent = "sales"\n'
+            'channel = "web"\n',
+            "agents.sales.queue_mode",
+            "bindings[0].agent",
+        ),
+    ],
+)
+def test_a_key_set_aside_for_its_own_problem_causes_no_other(
+    tmp_path: Path, body: str, real: str, made_up: str
+) -> None:
+    """With a tool or an agent set aside, the rules across keys reported it unknown (or a
+    draft) where it is used, which it is not: only its own problem is news."""
+    keys = {k for k, _ in problems_of(write(tmp_path, body))}
+    assert real in keys
+    assert made_up not in keys
+
+
 def test_invalid_toml_is_a_problem_at_config(tmp_path: Path) -> None:
     problems = problems_of(write(tmp_path, "[server\nport = = 1\n"))
     assert [key for key, _ in problems] == ["config"]

@@ -143,9 +143,10 @@ class HttpTool:
                     data, truncated = await _read_capped(response, cap + self._blank.longest)
                 finally:
                     await response.aclose()
-                text = self._blank(data.decode("utf-8", "replace"))
                 if truncated or len(data) > cap:
-                    text, truncated = _cut(text, cap), True
+                    text, truncated = self._blank.cut(data, cap), True
+                else:
+                    text = self._blank(data.decode("utf-8", "replace"))
                 return _result(response, text, truncated)
         raise ToolError(f"{self.name}: too many redirects")
 
@@ -211,11 +212,6 @@ def _same_origin(first: tuple[str, str, int], now: tuple[str, str, int]) -> bool
     default ports (as browsers and httpx let credentials follow)."""
     upgrade = first[0] == "http" and first[2] == 80 and now[0] == "https" and now[2] == 443
     return now == first or (upgrade and now[1] == first[1])
-
-
-def _cut(text: str, cap: int) -> str:
-    """At most `cap` bytes of UTF-8, never half a character."""
-    return text.encode()[:cap].decode("utf-8", "ignore")
 
 
 async def _read_capped(response: httpx.Response, cap: int) -> tuple[bytes, bool]:

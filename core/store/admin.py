@@ -125,6 +125,7 @@ class _Dialect:
     day: str  # "{col}" (epoch seconds) as YYYY-MM-DD, UTC
     agent: str  # the agent part of the `session` column
     channel: str  # its channel part
+    lower: str  # "{col}" with A-Z lowercased, and nothing else (as SQLite's lower() does)
 
 
 _SQLITE = _Dialect(
@@ -135,12 +136,14 @@ _SQLITE = _Dialect(
         "substr(substr(session, instr(session, ':') + 1), 1,"
         " instr(substr(session, instr(session, ':') + 1), ':') - 1)"
     ),
+    lower="lower({col})",
 )
 _POSTGRES = _Dialect(
     now="extract(epoch from clock_timestamp())",  # leases run on the database clock
     day="to_char(to_timestamp({col}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
     agent="split_part(session, ':', 1)",
     channel="split_part(session, ':', 2)",
+    lower="translate({col}, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz')",
 )
 
 
@@ -171,8 +174,9 @@ ORDER BY CASE WHEN coalesce(i.held, 0) > 0 OR s.state LIKE '%"handoff"%' THEN 0 
 """
 # the key (agent, channel, account, conversation, thread) or any message the customer sent,
 # which holds their name and id as the platform gave them; case-insensitive for ASCII
-_MATCHING = """WHERE lower(k.session) LIKE ? ESCAPE '\\'
-  OR k.session IN (SELECT session FROM inbox WHERE lower(payload) LIKE ? ESCAPE '\\')"""
+_MATCHING = """WHERE {key} LIKE ? ESCAPE '\\'
+  OR k.session IN (SELECT session FROM inbox WHERE {payload} LIKE ? ESCAPE '\\')"""
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 _ENTRIES = """
 SELECT entry, role, body, ts, status, run_id, delivery, error, attempts FROM (
@@ -217,7 +221,10 @@ class Console(ABC):
         chat id, words the customer wrote)."""
         if not query:
             return await self._sessions("", (limit, offset))
-        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query.lower()) + "%"
+        # as stored: in JSON (quotes and backslashes escaped); lowercased as the databases
+        # lowercase (ASCII only), so a name typed as written is found in any script
+        stored = json.dumps(query.translate(_ASCII_LOWER), ensure_ascii=False)[1:-1]
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", stored) + "%"
         return await self._sessions("", (pattern, pattern, limit, offset), matching=True)
 
     async def session(self, key: str) -> SessionRow | None:
@@ -231,7 +238,12 @@ class Console(ABC):
             where="WHERE session = ?" if key else "",
             where_key="WHERE key = ?" if key else "",
             now=self.dialect.now,
-            matching=_MATCHING if matching else "",
+            matching=_MATCHING.format(
+                key=self.dialect.lower.format(col="k.session"),
+                payload=self.dialect.lower.format(col="payload"),
+            )
+            if matching
+            else "",
         )
         rows = await self._fetch(sql, args)
         out = [_session_row(r) for r in rows]

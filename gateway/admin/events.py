@@ -43,7 +43,8 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     last: Any = None
     quiet_since = time.monotonic()
-    cookie = None if "Authorization" in request.headers else request.cookies.get(COOKIE)
+    # a stream the cookie opened (a proxy's Basic header beside it included) ends with it
+    cookie = request.cookies.get(COOKIE) if await state.auth.via(request) == "cookie" else None
     try:
         await response.write(b"retry: 2000\n: connected\n\n")
         while not state.changes.closed:
