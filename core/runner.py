@@ -234,6 +234,7 @@ class SessionRunner:
             workspace=self._workspace(),
             guard=self._fence,
             confirmations=[c for i in batch if (c := _confirmation(i)) is not None],
+            senders=tuple(dict.fromkeys(i.message.sender.id for i in batch)),
         )
         day = time.strftime("%Y-%m-%d", time.gmtime())
         run.credits = self.mgr.quota.credits(self.profile.loop.limits)
@@ -498,12 +499,13 @@ def _burst(items: list[InboxItem], window_s: float) -> int:
     return n
 
 
-def _confirmation(item: InboxItem) -> tuple[str, bool] | None:
-    """(token, confirmed) for a press of a Confirm or Cancel button a tool asked for."""
+def _confirmation(item: InboxItem) -> tuple[str, bool, str] | None:
+    """(token, confirmed, who pressed) for a press of a Confirm or Cancel button a tool
+    asked for."""
     if item.message.kind is not MessageKind.BUTTON:
         return None
     m = _CONFIRM.match(item.message.button_value or "")
-    return (m.group(2), m.group(1) == "confirm") if m else None
+    return (m.group(2), m.group(1) == "confirm", item.message.sender.id) if m else None
 
 
 def _fill(run: RunRecord, outcome: RunOutcome) -> None:

@@ -293,9 +293,56 @@ async def test_write_tool_runs_only_after_the_confirm_button(api: Api, store: St
         await manager.aclose(grace_s=1)
 
 
-def _msg(t: str, pid: str, **kw: Any) -> InboundMessage:
+async def test_in_a_group_only_who_asked_may_confirm(api: Api, store: Store) -> None:
+    """Any member of a group could press the Confirm button under another member's request
+    and run the write tool (the token was all it took)."""
+    spec = HttpToolSpec(
+        name="cancel_booking",
+        description="cancel a booking",
+        url=api.url + "/bookings/{order_id}/cancel",
+        method="POST",
+        parameters=SCHEMA,
+        allow_hosts=("127.0.0.1",),
+        allow_private=True,
+        read_only=False,
+        confirm=True,
+    )
+    model = ScriptedModel()
+    model.add(
+        calls(("cancel_booking", '{"order_id": "B7"}')),
+        text("Alice, please confirm."),
+        text("Only Alice can confirm that."),
+        text("Done, B7 is cancelled."),
+    )
+    outlet = RecordingOutlet()
+    loop = AgentLoop(model, ToolRegistry([HttpTool(spec)]), Limits())
+    manager = SessionManager(
+        store,
+        {"default": AgentProfile(name="default", instructions="x", loop=loop)},
+        {"test": outlet},
+        delivery=DeliveryPolicy(base_delay_s=0.01),
+    )
+    await manager.start()
+    try:
+        await manager.submit(_msg("cancel my booking B7", "1", sender="alice"))
+        await asyncio.wait_for(manager.wait_idle(), 10)
+        confirm = outlet.sent[-1][1].reply.buttons[0]
+        press = {"kind": MessageKind.BUTTON, "button_value": confirm.value}
+        await manager.submit(_msg("Confirm", "2", sender="mallory", **press))
+        await asyncio.wait_for(manager.wait_idle(), 10)
+        assert api.seen == []
+        assert '"not_yours"' in (model.requests[-1].messages[-1].content or "")
+        await manager.submit(_msg("Confirm", "3", sender="alice", **press))
+        await asyncio.wait_for(manager.wait_idle(), 10)
+        assert [s["path"] for s in api.seen] == ["/bookings/B7/cancel"]
+        assert outlet.texts()[-1] == "Done, B7 is cancelled."
+    finally:
+        await manager.aclose(grace_s=1)
+
+
+def _msg(t: str, pid: str, sender: str = "u", **kw: Any) -> InboundMessage:
     return InboundMessage(
-        channel="test", conversation="c", sender=Sender(id="u"), text=t, platform_id=pid, **kw
+        channel="test", conversation="c", sender=Sender(id=sender), text=t, platform_id=pid, **kw
     )
 
 

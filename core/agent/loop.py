@@ -24,7 +24,7 @@ from core.agent.model import (
     estimate_tools,
 )
 from core.agent.sanitize import StreamFilter, shows_nothing, strip_reasoning, wrap_user_text
-from core.agent.tools import PENDING, ToolContext, ToolRegistry
+from core.agent.tools import PENDING, ToolContext, ToolRegistry, refused_press
 from core.errors import ModelError
 from core.models import Button
 
@@ -100,7 +100,9 @@ class Turn:
     state: dict[str, Any] = field(default_factory=dict)
     steer: Steer | None = None  # returns messages that arrived mid-run (queue mode "steer")
     workspace: Path | None = None  # the session's folder for kept results and files
-    confirmations: list[tuple[str, bool]] = field(default_factory=list)  # (token, confirmed)
+    # (token, confirmed, who pressed): presses of the Confirm / Cancel buttons in this batch
+    confirmations: list[tuple[str, bool, str]] = field(default_factory=list)
+    senders: tuple[str, ...] = ()  # who wrote the messages this turn answers
     guard: Callable[[], Awaitable[None]] | None = None  # runs before each model call; may cancel
 
 
@@ -166,7 +168,11 @@ class AgentLoop:
         messages: list[ChatMessage] = [ChatMessage("system", turn.system), *turn.history]
         messages.append(ChatMessage("user", "\n".join(wrap_user_text(t) for t in turn.user_texts)))
         ctx = ToolContext(
-            session=turn.session, run_id=turn.run_id, state=out.state, workspace=turn.workspace
+            session=turn.session,
+            run_id=turn.run_id,
+            state=out.state,
+            workspace=turn.workspace,
+            senders=turn.senders,
         )
         tools = self._tools.specs()
         tools_cost = estimate_tools(tools)  # in every call's input, beside the messages
@@ -178,8 +184,8 @@ class AgentLoop:
 
         visible = StreamFilter()
 
-        for token, approved in turn.confirmations:
-            await self._confirmed(token, approved, ctx, messages, tool_results, out, emit)
+        for token, approved, presser in turn.confirmations:
+            await self._confirmed(token, approved, presser, ctx, messages, tool_results, out, emit)
 
         # the budget binds the first call too: the oldest history goes until the call fits
         smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
@@ -283,6 +289,7 @@ class AgentLoop:
         self,
         token: str,
         approved: bool,
+        presser: str,
         ctx: ToolContext,
         messages: list[ChatMessage],
         tool_results: list[str],
@@ -290,12 +297,22 @@ class AgentLoop:
         emit: EventSink,
     ) -> None:
         """Run (or drop) an action the person confirmed (or cancelled) with a button; the
-        model then sees the call and its result as if it had just made it."""
-        action = out.state.get(PENDING, {}).pop(token, None)
-        if not action or not approved:
+        model then sees the call and its result as if it had just made it. In a group only
+        those who asked for it may press: anyone else's press leaves it waiting for them."""
+        pending = out.state.get(PENDING, {})
+        action = pending.get(token)
+        if not action:
             return
         call = ToolCall(f"confirmed-{token}", str(action["tool"]), json.dumps(action["args"]))
-        result = await self._tools.call(call.name, call.arguments, ctx, confirmed=True)
+        askers = action.get("by")
+        if isinstance(askers, list) and askers and presser not in askers:
+            result = refused_press(call.name)
+        elif not approved:
+            del pending[token]
+            return
+        else:
+            del pending[token]
+            result = await self._tools.call(call.name, call.arguments, ctx, confirmed=True)
         out.tool_calls += 1
         messages.append(ChatMessage("assistant", None, (call,)))
         messages.append(ChatMessage("tool", result.content, tool_call_id=call.id, name=call.name))

@@ -43,6 +43,7 @@ class ToolContext:
     workspace: Path | None = None  # the session's own folder (kept tool results, skill files)
     results: int = 0  # tool results kept in the workspace during this run
     handoff: str | None = None  # set when the agent hands the conversation to a person
+    senders: tuple[str, ...] = ()  # who wrote what this run answers: who may confirm its actions
 
 
 class Tool(Protocol):
@@ -196,7 +197,12 @@ def _ask_confirmation(tool: Tool, args: BaseModel, ctx: ToolContext) -> ToolResu
     now = time.time()
     for old in [t for t, a in pending.items() if now - a.get("at", 0) > CONFIRM_TTL_S]:
         del pending[old]
-    pending[token] = {"tool": tool.name, "args": args.model_dump(mode="json"), "at": now}
+    pending[token] = {
+        "tool": tool.name,
+        "args": args.model_dump(mode="json"),
+        "at": now,
+        "by": list(ctx.senders),  # in a group, only they may press Confirm
+    }
     ctx.buttons[:] = [
         Button(label="Confirm", value=f"confirm:{token}"),
         Button(label="Cancel", value=f"cancel:{token}"),
@@ -206,6 +212,15 @@ def _ask_confirmation(tool: Tool, args: BaseModel, ctx: ToolContext) -> ToolResu
         "exactly what will happen and ask them to press Confirm or Cancel."
     )
     return ToolResult(json.dumps({"status": "awaiting_confirmation", "detail": detail}), ok=True)
+
+
+def refused_press(tool: str) -> ToolResult:
+    """A Confirm or Cancel pressed by someone other than whoever asked for the action."""
+    detail = (
+        f"Someone other than the person who asked pressed a button for {tool}: nothing was "
+        "done, and it still waits for that person's Confirm or Cancel."
+    )
+    return ToolResult(json.dumps({"error": "not_yours", "detail": detail}), ok=False)
 
 
 def describe(value: Any) -> dict[str, Any]:
