@@ -23,7 +23,7 @@ __all__ = ["Access", "AccessControl", "AccessRule", "Verdict", "approve", "pendi
 
 APPROVED = "access.approved"  # "channel:sender" -> approval time
 CODES = "access.codes"  # code -> {"channel", "sender", "expires"}
-PENDING_CODES_MAX = 20  # codes waiting for approval at once, across channels
+PENDING_CODES_MAX = 20  # codes waiting for approval at once, per channel
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I
 SWEEP_EVERY_S = 60.0  # how often senders gone quiet are forgotten by flood control
 TOLD_MAX = 100_000  # refused senders remembered as already told
@@ -115,7 +115,9 @@ class AccessControl:
             await self.store.kv_delete(CODES, code)
         if any(v["channel"] == msg.channel and v["sender"] == msg.sender.id for v in live.values()):
             return Verdict(store=True, unpaired=True)  # already told their code
-        if len(live) >= PENDING_CODES_MAX:
+        # per channel: anonymous web visitors (a new cookie each) must not use up the codes
+        # of the people writing on Telegram, Slack or WhatsApp
+        if sum(v["channel"] == msg.channel for v in live.values()) >= PENDING_CODES_MAX:
             return Verdict(store=True, unpaired=True, notice=PAIRING_BUSY)
         code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(8))
         entry = {

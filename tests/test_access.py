@@ -149,6 +149,27 @@ async def test_only_a_few_pairing_codes_wait_at_once(make: Any) -> None:
     assert sum("not taking new people" in t for t in first) == 5  # 20 codes may wait at once
 
 
+async def test_each_channel_has_its_own_pairing_codes(store: Store) -> None:
+    """One pool served every channel: twenty web chat posts, each with a made-up cookie, left
+    every new Telegram, Slack and WhatsApp customer told "not taking new people" for an
+    hour."""
+    rule = AccessRule(mode=Access.PAIRING)
+    access = AccessControl({"web": rule, "telegram": rule}, store)
+
+    def msg(channel: str, sender: str) -> InboundMessage:
+        return InboundMessage(
+            channel=channel, conversation=sender, sender=Sender(id=sender), platform_id=sender
+        )
+
+    for i in range(21):
+        verdict = await access.check(msg("web", f"cookie-{i:02d}-0123456789abcdef"))
+    assert verdict.notice is not None
+    assert "not taking new people" in verdict.notice
+    customer = await access.check(msg("telegram", "4242"))
+    assert customer.notice is not None
+    assert "code:" in customer.notice
+
+
 async def test_a_flood_is_coalesced_never_dropped(make: Any) -> None:
     rule = AccessRule(flood_messages=3, flood_window_s=60)
     manager, outlet, model = await make(rule, delay_s=0.2)
