@@ -8,6 +8,7 @@ routes mounted on the gateway's aiohttp app).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import re
@@ -34,6 +35,7 @@ __all__ = [
     "LiveOutlet",
     "Outlet",
     "Refusals",
+    "read_body",
     "webhook_ok",
 ]
 
@@ -164,3 +166,19 @@ class Refusals:
         self._last[msg] = now
         more = f" (and {skipped} more since the last such line)" if skipped else ""
         self._log.warning("%s%s", msg, more, extra=extra)
+
+
+BODY_WITHIN_S = 10.0  # a request's body must have arrived by then
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request body, which must arrive within BODY_WITHIN_S (else 408): a client that
+    sends its headers and then the body a byte at a time held its connection, and a file
+    descriptor, forever, and some thousands of them took the whole gateway down."""
+    try:
+        async with asyncio.timeout(BODY_WITHIN_S):
+            return await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=f"body not received within {BODY_WITHIN_S:g} s", headers={"Connection": "close"}
+        ) from None

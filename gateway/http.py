@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -15,6 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from channels.base import BODY_WITHIN_S, read_body
 from channels.mend import mend_json
 from core.errors import StoreError
 from gateway.keys import METRICS
@@ -30,7 +32,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
+_KEPT_HEADERS = ("Allow", "Connection", "Retry-After", "WWW-Authenticate")
 
 
 def json_error(status: int, reason: str) -> web.Response:
@@ -80,7 +82,7 @@ async def _handle(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 async def read_json(request: web.Request) -> Any:
     """The body as JSON, or HTTP 400/413 with a reason."""
-    raw = await request.read()  # raises 413 past the app's client_max_size
+    raw = await read_body(request)  # 413 past the app's client_max_size, 408 when too slow
     try:
         return json.loads(mend_json(raw))
     except UnicodeDecodeError:
@@ -94,7 +96,12 @@ async def read_json(request: web.Request) -> Any:
 async def read_form(request: web.Request) -> Mapping[str, Any]:
     """The body as a form (urlencoded or multipart), or HTTP 400/413 with a reason."""
     try:
-        return await request.post()  # past client_max_size: aiohttp's own 413
+        async with asyncio.timeout(BODY_WITHIN_S):  # as read_body
+            return await request.post()  # past client_max_size: aiohttp's own 413
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(
+            text=f"body not received within {BODY_WITHIN_S:g} s", headers={"Connection": "close"}
+        ) from None
     except (ValueError, LookupError, HttpProcessingError) as exc:
         # a multipart body without its boundary or cut short, a charset nobody knows
         raise web.HTTPBadRequest(text=f"body is not a readable form ({exc})"[:300]) from None

@@ -69,6 +69,33 @@ class _ParserRefusals(logging.Filter):
 PARSER_REFUSALS = _ParserRefusals()
 
 
+class _OutOfFiles(logging.Filter):
+    """Out of file descriptors (thousands of connections held open), asyncio logs each
+    accept it retries, traceback and all: about 10,000 lines a second, 5 MB/s of log. One
+    line a minute says it, with how many were left out."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last = -self.EVERY_S
+        self._skipped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("socket.accept() out of system resource"):
+            return True
+        now = time.monotonic()
+        if now - self._last < self.EVERY_S:
+            self._skipped += 1
+            return False
+        more = f" ({self._skipped} more since the last such line)" if self._skipped else ""
+        error = record.exc_info[1] if record.exc_info else None
+        record.msg = f"out of file descriptors: new connections wait ({error}){more}"
+        record.args, record.exc_info, record.exc_text = None, None, None
+        self._last, self._skipped = now, 0
+        return True
+
+
 class _Context(logging.Filter):
     """Lines logged inside a session's work by code that does not know the session (a model
     retry, a store write) get its session, channel and run from core.logcontext."""
@@ -120,6 +147,9 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     for noisy in ("httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("aiohttp.server").addFilter(PARSER_REFUSALS)
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OutOfFiles) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_OutOfFiles())
 
 
 class _Redactor(logging.Filter):

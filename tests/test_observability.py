@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from core.agent.loop import AgentLoop, Limits
 from core.agent.tools import ToolRegistry
@@ -16,7 +17,7 @@ from core.models import InboundMessage, Sender
 from core.sessions import AgentProfile, DeliveryPolicy, SessionManager
 from core.store import Store
 from gateway.app import build_app
-from gateway.logs import PARSER_REFUSALS, _Context, _JsonFormatter, _WebSessionIds
+from gateway.logs import PARSER_REFUSALS, _Context, _JsonFormatter, _OutOfFiles, _WebSessionIds
 from gateway.settings import load_settings
 from tests.fakes import RecordingOutlet, ScriptedModel, text
 from tests.loopback import serve
@@ -166,3 +167,72 @@ def test_a_malformed_log_call_never_raises_into_its_caller() -> None:
     finally:
         logger.removeHandler(handler)
         logger.propagate = True
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/chat/messages", "application/json"),
+        ("/webhooks/whatsapp", "application/json"),
+        ("/webhooks/telegram", "application/json"),
+        ("/webhooks/slack", "application/json"),
+        ("/admin/login", "multipart/form-data; boundary=x"),
+    ],
+)
+async def test_a_body_sent_too_slowly_gets_408_and_the_connection_closes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, content_type: str
+) -> None:
+    """A client that sent its headers and then one byte of its body held the connection
+    forever: some thousands of them used up the gateway's file descriptors and it stopped
+    answering anyone."""
+    monkeypatch.setattr("channels.base.BODY_WITHIN_S", 0.3)
+    monkeypatch.setattr("gateway.http.BODY_WITHIN_S", 0.3)
+    config = tmp_path / "sb.toml"
+    config.write_text(
+        f'[server]\npublic_url = "https://bot.example.com"\n'
+        f'[store]\nurl = "sqlite:///{tmp_path}/db"\n[admin]\ntoken = "{"t" * 24}"\n'
+        '[channels.whatsapp]\nenabled = true\naccess_token = "a"\napp_secret = "s"\n'
+        'verify_token = "v"\nphone_number_id = "1"\napi_base = "http://127.0.0.1:9"\n'
+        '[channels.telegram]\nenabled = true\ntoken = "1:x"\nwebhook_secret = "w"\n'
+        'mode = "webhook"\napi_base = "http://127.0.0.1:9"\n'
+        '[channels.slack]\nenabled = true\nbot_token = "xoxb-1"\nsigning_secret = "s"\n'
+        'api_base = "http://127.0.0.1:9"\n'
+    )
+    runner, url = await serve(build_app(load_settings(config)), shutdown_timeout=0.5)
+    host, port = url.removeprefix("http://").rstrip("/").split(":")
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+            "X-Telegram-Bot-Api-Secret-Token: w\r\nContent-Length: 100\r\n\r\n{".encode()
+        )
+        await writer.drain()
+        answer = b""
+        async with asyncio.timeout(5):
+            while b"}" not in answer:  # the JSON error (the server closes after lingering)
+                answer += await reader.read(4096)
+        writer.close()
+    finally:
+        await runner.cleanup()
+    assert answer.split(b" ", 2)[1] == b"408", answer[:200]
+    assert b"not received within" in answer
+
+
+def test_running_out_of_file_descriptors_is_one_line_a_minute() -> None:
+    out_of_files = _OutOfFiles()
+    lines = 0
+    for _ in range(1000):
+        record = logging.LogRecord(
+            "asyncio",
+            logging.ERROR,
+            __file__,
+            1,
+            "socket.accept() out of system resource\nsocket: <x>",
+            None,
+            (OSError, OSError(24, "Too many open files"), None),
+        )
+        if out_of_files.filter(record):
+            lines += 1
+            assert record.exc_info is None
+            assert "out of file descriptors" in record.getMessage()
+    assert lines == 1

@@ -41,7 +41,7 @@ from cachetools import LRUCache, TTLCache
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_sdk.signature import SignatureVerifier
 
-from channels.base import ChannelContext
+from channels.base import ChannelContext, read_body
 from channels.mend import mend_json, mend_strings
 from channels.slack.bolt import build_bolt
 from channels.slack.files import Downloader
@@ -97,7 +97,7 @@ class Inbound:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """POST /webhooks/slack: Events API and interactivity, signed v0."""
-        raw = await request.read()
+        raw = await read_body(request)
         headers = request.headers
         verdict = self._verdict(
             raw, headers.get("X-Slack-Request-Timestamp"), headers.get("X-Slack-Signature")

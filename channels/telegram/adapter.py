@@ -23,7 +23,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import ValidationError
 
-from channels.base import ChannelContext, webhook_ok
+from channels.base import ChannelContext, read_body, webhook_ok
 from channels.mend import mend_json, mend_strings
 from channels.order import Turns
 from channels.telegram.client import TelegramClient
@@ -100,7 +100,7 @@ class TelegramAdapter:
         given = header.encode() if header.isascii() else b""  # a real secret is ASCII
         if not self._secret or not given or not hmac.compare_digest(given, self._secret):
             return web.json_response({"error": "forbidden"}, status=403)
-        raw = await request.read()
+        raw = await read_body(request)
         try:
             update = Update.model_validate_json(mend_json(raw))
         except ValidationError as exc:

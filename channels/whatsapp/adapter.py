@@ -22,7 +22,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext, Refusals, webhook_ok
+from channels.base import BadInput, ChannelContext, Refusals, read_body, webhook_ok
 from channels.mend import mend_json
 from channels.order import Turns
 from channels.whatsapp.client import GraphClient
@@ -128,7 +128,7 @@ class WhatsAppAdapter:
         raise web.HTTPForbidden(text="verification failed")
 
     async def webhook(self, request: web.Request) -> web.Response:
-        raw = await request.read()
+        raw = await read_body(request)
         signature = request.headers.get("X-Hub-Signature-256")
         if signature is None:
             raise web.HTTPUnauthorized(text="missing X-Hub-Signature-256")
