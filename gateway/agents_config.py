@@ -45,7 +45,8 @@ class ModelEndpoint(_Section):
     base_url: str | None = None
     api_key: SecretStr | None = None
     name: str | None = None
-    timeout_s: float = Field(default=60.0, gt=0, le=600)
+    # per call: under half of the run's 45 s by default, so a fallback still has time
+    timeout_s: float = Field(default=20.0, gt=0, le=600)
     stream: bool = True
     max_retries: int = Field(default=3, ge=0, le=10)
     script: str | None = None  # provider "scripted": a JSON file of steps to replay

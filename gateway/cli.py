@@ -25,7 +25,7 @@ from channels.console import Console
 from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
-from gateway.logs import redact, setup_logging
+from gateway.logs import logs_json, redact, setup_logging
 from gateway.probes import probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
 from gateway.settings import (
@@ -129,8 +129,9 @@ def _main(argv: Sequence[str] | None) -> int:
     _log_options(cmd, top=False)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
-    try:
-        settings = load_settings(args.config)
+    try:  # pairing needs only the store, not every channel's secrets in its environment
+        only = ("store",) if args.command == "pairing" else None
+        settings = load_settings(args.config, only=only)
     except ConfigError as exc:
         _print_problems(exc.problems, args.config)
         return EXIT_CONFIG
@@ -146,6 +147,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return asyncio.run(_telegram_set_webhook(settings, args.config))
     try:
         if args.command == "pairing":
+            if _no_sqlite_file(settings):
+                return 1
             return asyncio.run(_pairing(settings, args.pairing_command, getattr(args, "code", "")))
         if args.command == "run":
             return _run(settings)
@@ -159,6 +162,19 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
+
+
+def _no_sqlite_file(settings: Settings) -> bool:
+    """A SQLite store that does not exist is not made by an operator's command: run as another
+    user (root), it would leave a file the gateway cannot write."""
+    if not settings.store.url.startswith("sqlite:") or os.path.exists(settings.sqlite_path()):
+        return False
+    print(
+        f"error: store.url: no store at {settings.sqlite_path()} (has the gateway run with this"
+        " configuration, from this directory?)",
+        file=sys.stderr,
+    )
+    return True
 
 
 async def _pairing(settings: Settings, command: str, code: str) -> int:
@@ -233,6 +249,10 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
         print(f"  {probe.name}: {'ok' if probe.ok else 'FAILED'}: {probe.detail}")
     if all(p.ok for p in probes):
         return 0
+    store = next((p for p in probes if p.name == "store (PostgreSQL)" and not p.ok), None)
+    if store is not None:  # run refuses to start without it (exit 2): so does check
+        _print_problems([("store.url", store.detail)], path)
+        return EXIT_CONFIG
     print("warning: some live checks failed (see above)", file=sys.stderr)
     return 1 if strict else 0
 
@@ -257,6 +277,15 @@ async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:
     return 0
 
 
+def _serving(url: str) -> None:
+    """Say where it serves: in a terminal, a line for the person; where the log is JSON
+    (systemd, Docker), a log line, so that whatever collects stdout and stderr reads JSON."""
+    if logs_json():
+        log.info("Switchboard serving on %s", url)
+    else:
+        print(f"Switchboard serving on {url} (Ctrl+C to stop)")
+
+
 def _run(settings: Settings) -> int:
     host = settings.server.host
     sockets = _listen(host, settings.server.port)  # before anything starts
@@ -269,7 +298,7 @@ def _run(settings: Settings) -> int:
             sock=sockets,
             shutdown_timeout=5.0,
             access_log=None,
-            print=lambda _: print(f"Switchboard serving on {_url(host, port)} (Ctrl+C to stop)"),
+            print=lambda _: _serving(_url(host, port)),
         )
     except GracefulExit:  # a second SIGTERM or Ctrl+C during the drain cut it short
         log.warning(

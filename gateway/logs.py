@@ -127,6 +127,11 @@ class _WebSessionIds(logging.Filter):
         return True
 
 
+def logs_json() -> bool:
+    """Whether the log is JSON lines (set up so by setup_logging)."""
+    return any(isinstance(h.formatter, _JsonFormatter) for h in logging.getLogger().handlers)
+
+
 def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     handler = logging.StreamHandler(sys.stderr)
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())

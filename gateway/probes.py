@@ -33,6 +33,16 @@ class Probe:
     detail: str
 
 
+# the key whose value each check tries, named when it fails
+_KEYS = {
+    "store (PostgreSQL)": "store.url",
+    "telegram getMe": "channels.telegram.token",
+    "slack auth.test": "channels.slack.bot_token",
+    "slack app_token (Socket Mode)": "channels.slack.app_token",
+    "whatsapp phone number": "channels.whatsapp.access_token, channels.whatsapp.phone_number_id",
+}
+
+
 def webhook_urls(settings: Settings) -> list[tuple[str, str]]:
     """(platform, URL to configure there) for every enabled channel that is called by URL."""
     base = (settings.server.public_url or "https://<server.public_url>").rstrip("/")
@@ -70,7 +80,13 @@ async def probe_all(settings: Settings) -> list[Probe]:
             if ident not in seen:
                 seen.add(ident)
                 checks.append((f"{label} of {name} ({endpoint.provider})", _model_check(endpoint)))
-    return list(await asyncio.gather(*(_run(name, check) for name, check in checks)))
+    probes = await asyncio.gather(*(_run(name, check) for name, check in checks))
+    return [
+        p
+        if p.ok or p.name not in _KEYS
+        else Probe(p.name, False, f"{p.detail} (check {_KEYS[p.name]})")
+        for p in probes
+    ]
 
 
 def _model_check(endpoint: ModelEndpoint) -> Callable[[], Awaitable[str]]:

@@ -251,9 +251,14 @@ def _is_dir(path: str | Path) -> bool:
 
 
 def load_settings(
-    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    only: tuple[str, ...] | None = None,
 ) -> Settings:
-    """Read, interpolate, override and validate the configuration, or raise ConfigError."""
+    """Read, interpolate, override and validate the configuration, or raise ConfigError.
+    `only`: the sections a command needs (`pairing` needs the store, not every channel's
+    secrets in its environment); the rest are left at their defaults, unchecked."""
     env = os.environ if environ is None else environ
     file = config_path(path)
     data: dict[str, Any] = {}
@@ -263,8 +268,22 @@ def load_settings(
                 data = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError([("config", f"file not found: {file}")]) from None
-        except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as exc:
+        except IsADirectoryError:
+            reason = f"{file} is a directory, not a file (a container mount of a missing file?)"
+            raise ConfigError([("config", reason)]) from None
+        except PermissionError:
+            reason = (
+                f"cannot read {file}: permission denied (readable by the user the gateway runs"
+                f" as? uid {os.getuid()} here; the Docker image runs as uid 10001)"
+            )
+            raise ConfigError([("config", reason)]) from None
+        except OSError as exc:
+            raise ConfigError([("config", f"cannot read {file}: {exc.strerror or exc}")]) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError([("config", f"{file} is not valid TOML: {exc}")]) from None
+    if only is not None:
+        data = {k: v for k, v in data.items() if k in only}
+        env = {n: v for n, v in env.items() if _env_path(n)[:1] in {(s,) for s in only}}
     unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
     data = _interpolate(data, env, "", unset)
     token = _SOURCES.set((data, env))
@@ -278,6 +297,8 @@ def load_settings(
     finally:
         _SOURCES.reset(token)
     problems = unset + [p for p in problems if not _covered(p[0], unset)]
+    if only is not None:
+        problems = [p for p in problems if p[0].split(".")[0].split("[")[0] in only]
     if problems:
         raise ConfigError(problems)
     return settings
@@ -288,17 +309,25 @@ def _more_problems(
 ) -> list[tuple[str, str]]:
     """The rules across keys, checked among the keys that are valid (the failing ones set
     aside, and whatever setting them aside makes fail in turn), so that check reports every
-    problem at once rather than one kind per attempt. Nothing about a key set aside."""
-    for _ in range(4):
-        kept = _without(data, bad)
+    problem at once rather than one kind per attempt. Nothing about a key set aside.
+
+    A key still failing once set aside is required (an enabled channel's token): it gets a
+    stand-in value; one failing even so has its section set aside."""
+    stand_ins: list[tuple[str, ...]] = []
+    for _ in range(6):
+        kept = _standing_in(_without(data, bad), stand_ins)
         kept_env = {n: v for n, v in env.items() if not _near(_env_path(n), bad)}
         token = _SOURCES.set((kept, kept_env))
         try:
             settings = Settings()
-        except ValidationError as exc:  # still failing once set aside: a rule of the
-            # section holding it (an enabled channel wants its token): set the section aside
-            again = [_path(err["loc"]) for err in exc.errors()]
-            bad = bad + [p[:-1] if p in bad else p for p in again]
+        except ValidationError as exc:
+            for p in (_path(err["loc"]) for err in exc.errors()):
+                if p in stand_ins:
+                    bad.append(p[:-1])
+                elif p in bad:
+                    stand_ins.append(p)
+                else:
+                    bad.append(p)
             continue
         finally:
             _SOURCES.reset(token)
@@ -312,6 +341,20 @@ def _more_problems(
             and not any(re.search(rf"\b{re.escape(n)}\b", m) for n in names)
         ]
     return []
+
+
+def _standing_in(data: dict[str, Any], paths: list[tuple[str, ...]]) -> dict[str, Any]:
+    """`data` with a placeholder string at each of `paths` (a required secret, say)."""
+    out = dict(data)
+    for path in paths:
+        node = out
+        for part in path[:-1]:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        if path:
+            node[path[-1]] = "stand-in"
+    return out
 
 
 def _path(loc: tuple[Any, ...]) -> tuple[str, ...]:
@@ -432,7 +475,13 @@ def _postgres_url_problem(url: str) -> str | None:
     """What makes a PostgreSQL URL unusable before any connection is tried (the driver would
     fail on it with a traceback), or None."""
     try:
-        urlsplit(url).port  # noqa: B018 - reading it checks it: a number from 0 to 65535
+        parts = urlsplit(url)
+        if parts.fragment or "@" in parts.path or parts.netloc.count("@") > 1:
+            return (  # first: the port check below would quote a piece of such a password
+                "the user or password holds a character URLs reserve (@ / # ?): percent-encode"
+                " it (p@ss/w#rd is p%40ss%2Fw%23rd)"
+            )
+        parts.port  # noqa: B018 - reading it checks it: a number from 0 to 65535
     except ValueError as exc:
         return f"not a valid PostgreSQL URL ({exc}); e.g. postgresql://user:pass@host:5432/db"
     for mode in parse_qs(urlsplit(url).query).get("sslmode", []):

@@ -213,8 +213,14 @@ async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
     (code,) = await pending_codes(store)
     await store.aclose()
     config = tmp_path / "sb.toml"
-    config.write_text(f'[store]\nurl = "sqlite:///{db}"\n')
+    # the service's configuration: a channel whose secret lives in the service's environment,
+    # which the operator's shell does not have (pairing needs only the store)
+    config.write_text(
+        f'[store]\nurl = "sqlite:///{db}"\n'
+        '[channels.telegram]\nenabled = true\nmode = "polling"\ntoken = "${TG_TOKEN_UNSET}"\n'
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD__")}
+    env.pop("TG_TOKEN_UNSET", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -228,6 +234,7 @@ async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
         )
 
     listed = await asyncio.to_thread(cli, "list")
+    assert listed.returncode == 0, listed.stderr
     assert code in listed.stdout
     assert "test:cli-user" in listed.stdout
     done = await asyncio.to_thread(cli, "approve", code)
@@ -241,3 +248,9 @@ async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
         assert [i.message.text for i in await store.pending(str(_key("cli-user")))] == ["hi"]
     finally:
         await store.aclose()
+    # a store that does not exist yet is not made by the operator's command
+    config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/none/db.sqlite"\n')
+    missing = await asyncio.to_thread(cli, "list")
+    assert missing.returncode == 1
+    assert "no store at" in missing.stderr
+    assert not (tmp_path / "none").exists()

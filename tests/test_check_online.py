@@ -69,6 +69,7 @@ async def test_bad_credentials_fail_their_check(tmp_path: Path, fakes: Fakes) ->
     settings = load_settings(_config(tmp_path, fakes, tg_token="999:not-the-bot", key="sk-wrong"))
     probes = {p.name: p for p in await probe_all(settings)}
     assert not probes["telegram getMe"].ok
+    assert "(check channels.telegram.token)" in probes["telegram getMe"].detail
     assert not probes["model of default (openai)"].ok
     assert "refused the key" in probes["model of default (openai)"].detail
     assert probes["slack auth.test"].ok

@@ -550,6 +550,30 @@ def test_run_logs_config_warnings_in_the_log_format(
     assert any(e["msg"].startswith("config: agents.vip: draft") for e in lines), lines
 
 
+def test_run_says_where_it_serves_as_a_log_line_where_logs_are_json(tmp_path: Path) -> None:
+    """The plain "serving on" line went to stdout under systemd and Docker too, where logs are
+    collected as JSON lines."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run", "--config", str(good_config(tmp_path, port))],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        while "serving on" not in line and line:
+            line = proc.stderr.readline()
+        assert json.loads(line)["msg"] == f"Switchboard serving on http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert out == ""
+
+
 def test_output_to_a_reader_that_went_away_is_no_traceback() -> None:
     """`switchboard check | head -1`, at its worst: the reader is gone before any write."""
     read_end, write_end = os.pipe()
@@ -674,3 +698,5 @@ def test_a_postgresql_store_that_cannot_be_opened_names_store_url(
     check = cli("check", "--config", str(config))
     assert "store (PostgreSQL): FAILED" in check.stdout
     assert reason in check.stdout
+    assert check.returncode == 2  # as run: it said "config ok" and exited 0
+    assert "store.url" in check.stderr

@@ -4,6 +4,7 @@ and channels that fail closed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -425,6 +426,19 @@ def test_a_field_problem_does_not_hide_the_problems_across_keys(
     assert "SWITCHBOARD__AGENT__HISTORY_TURNS" in problems["agent.history_turns"]
 
 
+def test_a_required_key_that_fails_does_not_hide_its_sections_other_rules(
+    tmp_path: Path,
+) -> None:
+    """An unset ${TELEGRAM_BOT_TOKEN} was reported alone; the missing webhook secret only once
+    the token was set."""
+    body = (
+        '[server]\npublic_url = "https://bot.example.com"\n'
+        '[channels.telegram]\nenabled = true\ntoken = "${TELEGRAM_BOT_TOKEN}"\n'
+    )
+    keys = [k for k, _ in problems_of(write(tmp_path, body), environ={})]
+    assert keys == ["channels.telegram.token", "channels.telegram.webhook_secret"]
+
+
 @pytest.mark.parametrize(
     ("body", "real", "made_up"),
     [
@@ -456,6 +470,26 @@ def test_invalid_toml_is_a_problem_at_config(tmp_path: Path) -> None:
     problems = problems_of(write(tmp_path, "[server\nport = = 1\n"))
     assert [key for key, _ in problems] == ["config"]
     assert "TOML" in problems[0][1]
+
+
+def test_a_directory_or_an_unreadable_file_is_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both were "is not valid TOML", which sends the operator looking for a syntax error."""
+    folder = tmp_path / "mounted.toml"
+    folder.mkdir()
+    [(key, reason)] = problems_of(folder)
+    assert key == "config"
+    assert "is a directory" in reason
+    locked = tmp_path / "locked.toml"
+    locked.write_text("[server]\n")
+
+    def refuse(self: Path, *args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied")  # as for a file of another user
+
+    monkeypatch.setattr(Path, "open", refuse)
+    [(_, reason)] = problems_of(locked)
+    assert "permission denied" in reason
 
 
 def test_missing_file_is_a_problem(tmp_path: Path) -> None:
@@ -602,11 +636,17 @@ def test_store_url_sqlite_accepted(tmp_path: Path, url: str, path: str) -> None:
         "postgresql://postgres@127.0.0.1:abc/test",
         "postgresql://postgres@[::1/test",
         "postgresql://postgres@127.0.0.1/test?sslmode=bogus",  # check said ok, run refused it
+        # a password with URL characters: "Name or service not known", or a piece of the
+        # password quoted as a bad port
+        "postgresql://app:p@ss@127.0.0.1/test",
+        "postgresql://app:se/cret@127.0.0.1/test",
+        "postgresql://app:pa#ss@127.0.0.1/test",
     ],
 )
 def test_store_url_rejected(tmp_path: Path, url: str) -> None:
     problems = problems_of(write(tmp_path, f'[store]\nurl = "{url}"\n'))
     assert [key for key, _ in problems] == ["store.url"]
+    assert not any(secret in problems[0][1] for secret in ("cret", "pa#ss", "app:p@ss"))
 
 
 @pytest.mark.parametrize(
@@ -616,6 +656,7 @@ def test_store_url_rejected(tmp_path: Path, url: str) -> None:
         "postgres://user@host/db",
         "postgresql://app:pw@db.internal:6432/switchboard",
         "postgresql://app@db.internal/switchboard?sslmode=verify-full&search_path=sb",
+        "postgresql://app:p%40ss%2Fw%23rd@db.internal/switchboard",
     ],
 )
 def test_store_url_postgres_accepted(tmp_path: Path, url: str) -> None:

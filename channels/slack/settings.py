@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
-from channels.config import ChannelSection, http_url, required_when_enabled, secret
+from channels.config import ChannelSection, http_url, present, required_when_enabled, secret
 
 __all__ = ["SlackSettings"]
 
@@ -36,8 +36,8 @@ class SlackSettings(ChannelSection):
     @field_validator("app_token")
     @classmethod
     def _app_token(cls, value: Any, info: ValidationInfo) -> Any:
-        if info.data.get("mode") == "socket":
-            return required_when_enabled(value, info)
+        if info.data.get("mode") == "socket" and info.data.get("enabled") and not present(value):
+            raise ValueError('required when the channel is enabled with mode = "socket"')
         return value
 
     @field_validator("file_hosts", mode="before")
