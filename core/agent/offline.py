@@ -3,6 +3,10 @@
 It behaves like a tool-calling model: on a new question it calls `search_knowledge`, and once
 the results are in it answers from the best passage, citing its source. So `make run` works with
 no key, and the offline path exercises the same loop, tools and limits as a real model.
+
+A greeting before a question is not searched for ("hi there, hours?" asks about hours), and
+messages collected into one turn ("hours?", "and prices?") are searched one by one and answered
+each from its own best passage.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ _GREETING = re.compile(
     r"\b[\s!.,?]*(there|team)?[\s!.,?]*$",
     re.IGNORECASE,
 )
+# a greeting at the start of a message, with what follows it up to the question
+_GREETING_START = re.compile(
+    r"^\s*(?:hi|hello|hey|hola|buenas|good (?:morning|afternoon|evening))"
+    r"(?:[\s,]+(?:there|team|all|everyone))?(?:[\s!.,]+|$)",
+    re.IGNORECASE,
+)
+MAX_SEARCHES = 3  # separate searches for the messages of one turn; more are searched as one
 _BLOCK_SPLIT = re.compile(r"\n\s*\n|\n(?=\s*(?:[-*+]|\d+[.)])\s)")
 _WORDS = re.compile(r"\S+\s*")
 
@@ -56,19 +67,25 @@ class OfflineModel:
     async def complete(
         self, request: ModelRequest, on_delta: DeltaSink | None = None
     ) -> ModelResponse:
-        question, results = _read_turn(request.messages)
+        texts, searches = _read_turn(request.messages)
+        question = "\n".join(texts)
+        asks = _questions(texts)
         can_search = request.tool_choice == "auto" and any(
             t.name == SEARCH_TOOL for t in request.tools
         )
-        if results is None and _GREETING.match(question):
+        if searches is None and texts and not asks:
             text = GREETING
-        elif results is None and can_search and question.strip():
-            call = ToolCall("offline_0", SEARCH_TOOL, json.dumps({"query": question[:500]}))
-            return self._response(request, "", (call,), "tool_calls")
-        elif results is None:
+        elif searches is None and can_search and question.strip():
+            queries = asks if len(asks) <= MAX_SEARCHES else ["\n".join(asks)]
+            calls = tuple(
+                ToolCall(f"offline_{i}", SEARCH_TOOL, json.dumps({"query": q[:500]}))
+                for i, q in enumerate(queries)
+            )
+            return self._response(request, "", calls, "tool_calls")
+        elif searches is None:
             text = NO_SEARCH
         else:
-            text = _answer(question, results)
+            text = _answers(question, searches)
         if on_delta is not None:
             for word in _WORDS.findall(text):
                 await on_delta(word)
@@ -90,11 +107,14 @@ class OfflineModel:
         )
 
 
-def _read_turn(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, Any]] | None]:
-    """The question of the current turn and the search results given for it, if any."""
+def _read_turn(
+    messages: tuple[ChatMessage, ...],
+) -> tuple[list[str], list[tuple[str, list[dict[str, Any]]]] | None]:
+    """The messages of the current turn, and the searches made for it (each its query and
+    results), if any."""
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
     if last_user < 0:
-        return "", None
+        return [], None
     first_user = last_user
     while first_user > 0 and messages[first_user - 1].role == "user":
         first_user -= 1
@@ -102,8 +122,8 @@ def _read_turn(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, A
     for m in messages[first_user : last_user + 1]:
         found = _USER.findall(m.content or "")
         texts.extend(found or [m.content or ""])
-    question = "\n".join(t.strip() for t in texts if t.strip())
-    results: list[dict[str, Any]] | None = None
+    texts = [t.strip() for t in texts if t.strip()]
+    searches: list[tuple[str, list[dict[str, Any]]]] = []
     for m in messages[last_user + 1 :]:
         if m.role == "tool" and m.name == SEARCH_TOOL:
             try:
@@ -111,8 +131,31 @@ def _read_turn(messages: tuple[ChatMessage, ...]) -> tuple[str, list[dict[str, A
             except ValueError:
                 continue
             if isinstance(data, dict) and isinstance(data.get("results"), list):
+                query = data.get("query")
                 results = [r for r in data["results"] if isinstance(r, dict)]
-    return question, results
+                searches.append((query if isinstance(query, str) else "", results))
+    return texts, (searches or None)
+
+
+def _questions(texts: list[str]) -> list[str]:
+    """What the turn's messages ask, without the greeting that may open them; a message that is
+    only a greeting (or thanks) asks nothing."""
+    out = []
+    for text in texts:
+        if _GREETING.match(text):
+            continue
+        rest = _GREETING_START.sub("", text, count=1).strip()
+        if rest and not _GREETING.match(rest):
+            out.append(rest)
+    return out
+
+
+def _answers(question: str, searches: list[tuple[str, list[dict[str, Any]]]]) -> str:
+    """One answer per search (each from its own best passage), without repeats; only "not
+    found" when no search found anything."""
+    parts = [_answer(query or question, results) for query, results in searches]
+    found = [p for p in dict.fromkeys(parts) if p != NOT_FOUND]
+    return "\n\n".join(found) if found else NOT_FOUND
 
 
 def _answer(question: str, results: list[dict[str, Any]]) -> str:
