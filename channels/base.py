@@ -27,6 +27,7 @@ from core.sessions import LiveOutlet
 from core.store import PutResult, Store
 
 __all__ = [
+    "LINGER_S",
     "BadInput",
     "ChannelAdapter",
     "ChannelContext",
@@ -169,6 +170,7 @@ class Refusals:
 
 
 BODY_WITHIN_S = 10.0  # a request's body must have arrived by then
+LINGER_S = 1.0  # after answering a request whose body did not all come, how long aiohttp reads on
 
 
 async def read_body(request: web.Request) -> bytes:

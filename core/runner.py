@@ -242,20 +242,23 @@ class SessionRunner:
         if refused is not None:
             await self._refuse(run, refused)
             return
-        if over:  # in a group: answer the others, and tell those over their limit
-            self.batch_texts = [
-                describe_inbound(i.message) for i in batch if i.message.sender.id not in over
-            ]
-            turn.user_texts = list(self.batch_texts)
-            try:
+        live = self._live()
+        try:  # until the turn starts: if this fails, the turn is tried again, and so is its
+            # reservation, which must not stay
+            if over:  # in a group: answer the others, and tell those over their limit
+                self.batch_texts = [
+                    describe_inbound(i.message) for i in batch if i.message.sender.id not in over
+                ]
+                turn.user_texts = list(self.batch_texts)
+                turn.senders = tuple(s for s in turn.senders if s not in over)
                 await self.notice(self.mgr.quota.message)
-            except BaseException:  # the turn will be tried again: so will its reservation
+            if live is not None:
+                await _quietly(live.run_started(self.key, run.id, batch[-1].message), self.skey)
+        except BaseException:
+            if quotas:
                 with contextlib.suppress(StoreError):
                     await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
-                raise
-        live = self._live()
-        if live is not None:
-            await _quietly(live.run_started(self.key, run.id, batch[-1].message), self.skey)
+            raise
         tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
         async def emit(event: AgentEvent) -> None:

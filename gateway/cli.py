@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_runner import GracefulExit
 
+from channels.base import LINGER_S
 from channels.console import Console
 from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
@@ -148,7 +149,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         if args.command == "pairing":
             if _no_sqlite_file(settings):
-                return 1
+                return EXIT_CONFIG
             return asyncio.run(_pairing(settings, args.pairing_command, getattr(args, "code", "")))
         if args.command == "run":
             return _run(settings)
@@ -298,6 +299,7 @@ def _run(settings: Settings) -> int:
             sock=sockets,
             shutdown_timeout=5.0,
             access_log=None,
+            lingering_time=LINGER_S,  # then a 408's connection closes (aiohttp's default: 10 s)
             print=lambda _: _serving(_url(host, port)),
         )
     except GracefulExit:  # a second SIGTERM or Ctrl+C during the drain cut it short

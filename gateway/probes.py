@@ -35,7 +35,6 @@ class Probe:
 
 # the key whose value each check tries, named when it fails
 _KEYS = {
-    "store (PostgreSQL)": "store.url",
     "telegram getMe": "channels.telegram.token",
     "slack auth.test": "channels.slack.bot_token",
     "slack app_token (Socket Mode)": "channels.slack.app_token",

@@ -283,7 +283,9 @@ def load_settings(
             raise ConfigError([("config", f"{file} is not valid TOML: {exc}")]) from None
     if only is not None:
         data = {k: v for k, v in data.items() if k in only}
-        env = {n: v for n, v in env.items() if _env_path(n)[:1] in {(s,) for s in only}}
+        # the SWITCHBOARD__ overrides of the other sections go; ${VAR}s stay for the rest
+        kept = {(), *((section,) for section in only)}
+        env = {n: v for n, v in env.items() if _env_path(n)[:1] in kept}
     unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
     data = _interpolate(data, env, "", unset)
     token = _SOURCES.set((data, env))
@@ -328,19 +330,27 @@ def _more_problems(
                     stand_ins.append(p)
                 else:
                     bad.append(p)
+            # a stand-in inside a section now set aside would bring that section back
+            stand_ins = [s for s in stand_ins if not any(s[: len(b)] == b and s != b for b in bad)]
             continue
         finally:
             _SOURCES.reset(token)
-        # an agent or a tool set aside is missing, not wrong: nothing about it is news
+        # an agent or a tool set aside is missing, not wrong: where it is used (an agent's
+        # tools, a binding) that is no news
         names = {b[2] for b in bad if b[:2] == ("tools", "http") and len(b) > 2}
         names |= {b[1] for b in bad if b[:1] == ("agents",) and len(b) > 1}
         return [
             (k, m + env_source(k, env))
             for k, m in semantic_problems(settings)
             if not _near(tuple(k.split(".")), bad)
-            and not any(re.search(rf"\b{re.escape(n)}\b", m) for n in names)
+            and not (_uses_names(k) and any(re.search(rf"\b{re.escape(n)}\b", m) for n in names))
         ]
     return []
+
+
+def _uses_names(key: str) -> bool:
+    """A key that names tools or agents: `agent.tools`, `agents.X.tools`, `bindings[N]...`."""
+    return key.endswith(".tools") or key.startswith("bindings")
 
 
 def _standing_in(data: dict[str, Any], paths: list[tuple[str, ...]]) -> dict[str, Any]:
@@ -476,7 +486,7 @@ def _postgres_url_problem(url: str) -> str | None:
     fail on it with a traceback), or None."""
     try:
         parts = urlsplit(url)
-        if parts.fragment or "@" in parts.path or parts.netloc.count("@") > 1:
+        if parts.fragment or "@" in parts.path + parts.query or parts.netloc.count("@") > 1:
             return (  # first: the port check below would quote a piece of such a password
                 "the user or password holds a character URLs reserve (@ / # ?): percent-encode"
                 " it (p@ss/w#rd is p%40ss%2Fw%23rd)"

@@ -251,6 +251,6 @@ async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
     # a store that does not exist yet is not made by the operator's command
     config.write_text(f'[store]\nurl = "sqlite:///{tmp_path}/none/db.sqlite"\n')
     missing = await asyncio.to_thread(cli, "list")
-    assert missing.returncode == 1
+    assert missing.returncode == 2
     assert "no store at" in missing.stderr
     assert not (tmp_path / "none").exists()

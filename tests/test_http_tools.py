@@ -15,7 +15,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from core.agent.http_tools import HttpTool, HttpToolSpec, host_allowed
-from core.agent.loop import AgentLoop, Limits
+from core.agent.loop import AgentLoop, Limits, Turn
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ConfigError
 from core.models import InboundMessage, MessageKind, Sender, SessionKey
@@ -483,3 +483,31 @@ async def test_nan_and_infinity_never_reach_the_model_as_json() -> None:
 
     odd = await ToolRegistry([Odd()]).call("odd", "{}", CTX)  # type: ignore[list-item]
     assert json.loads(odd.content) == {"a": None, "b": [None, 1.5]}
+
+
+async def test_two_presses_in_one_turn_are_two_calls_with_their_own_ids(api: Api) -> None:
+    """A press by someone else and then the asker's, in one batch: both calls had the id
+    confirmed-<token>, which the Anthropic API refuses (after the tool had run)."""
+    registry = _tool(api, "/orders/{order_id}/cancel", method="POST", read_only=False)
+    model = ScriptedModel()
+    model.add(text("Done."))
+    pending = {"t0k3n": {"tool": "order", "args": {"order_id": "A1"}, "at": 0, "by": ["alice"]}}
+    turn = Turn(
+        run_id="r",
+        session="s",
+        system="x",
+        history=[],
+        user_texts=["[pressed the button: Confirm]", "[pressed the button: Confirm]"],
+        state={"pending_actions": pending},
+        confirmations=[("t0k3n", True, "mallory"), ("t0k3n", True, "alice")],
+    )
+
+    async def ignore(event: Any) -> None:
+        return None
+
+    outcome = await AgentLoop(model, registry, Limits()).run(turn, ignore)
+    assert outcome.text == "Done."
+    assert [s["path"] for s in api.seen] == ["/orders/A1/cancel"]
+    ids = [c.id for m in model.requests[0].messages for c in m.tool_calls]
+    assert len(ids) == 2
+    assert len(set(ids)) == 2

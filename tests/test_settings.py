@@ -439,6 +439,29 @@ def test_a_required_key_that_fails_does_not_hide_its_sections_other_rules(
     assert keys == ["channels.telegram.token", "channels.telegram.webhook_secret"]
 
 
+def test_a_stand_in_never_brings_back_a_section_set_aside(tmp_path: Path) -> None:
+    """An HTTP tool URL from an unset variable: the tool set aside came back with the stand-in
+    URL and no description, the check never settled, and every other problem was lost."""
+    body = '[model]\nprovider = "openai"\n[tools.http.lookup]\ndescription = "x"\n'
+    body += 'url = "${API}/x"\n'
+    keys = {k for k, _ in problems_of(write(tmp_path, body), environ={})}
+    assert {"tools.http.lookup.url", "model.name", "model.api_key"} <= keys
+
+
+def test_a_problem_that_only_mentions_a_name_set_aside_is_still_reported(tmp_path: Path) -> None:
+    body = '[agent]\nknowledge_dir = "docs/kb"\n[agents.docs]\nqueue_mode = "nope"\n'
+    keys = {k for k, _ in problems_of(write(tmp_path, body))}
+    assert {"agents.docs.queue_mode", "agent.knowledge_dir"} <= keys
+
+
+def test_only_the_store_is_read_for_pairing_variables_included(tmp_path: Path) -> None:
+    body = '[store]\nurl = "postgresql://sb:${PGPW}@127.0.0.1/sb"\n'
+    body += '[channels.telegram]\nenabled = true\ntoken = "${TG_TOKEN}"\n'
+    env = {"PGPW": "pw", "SWITCHBOARD__SERVER__PORT": "nope"}
+    s = load_settings(write(tmp_path, body), environ=env, only=("store",))
+    assert s.store.url == "postgresql://sb:pw@127.0.0.1/sb"
+
+
 @pytest.mark.parametrize(
     ("body", "real", "made_up"),
     [
@@ -641,12 +664,14 @@ def test_store_url_sqlite_accepted(tmp_path: Path, url: str, path: str) -> None:
         "postgresql://app:p@ss@127.0.0.1/test",
         "postgresql://app:se/cret@127.0.0.1/test",
         "postgresql://app:pa#ss@127.0.0.1/test",
+        "postgresql://app:s3cr?t99@127.0.0.1:5432/test",
+        "postgresql://app:9?x@127.0.0.1/test",
     ],
 )
 def test_store_url_rejected(tmp_path: Path, url: str) -> None:
     problems = problems_of(write(tmp_path, f'[store]\nurl = "{url}"\n'))
     assert [key for key, _ in problems] == ["store.url"]
-    assert not any(secret in problems[0][1] for secret in ("cret", "pa#ss", "app:p@ss"))
+    assert not any(secret in problems[0][1] for secret in ("cret", "pa#ss", "app:p@ss", "s3cr"))
 
 
 @pytest.mark.parametrize(

@@ -184,8 +184,10 @@ class AgentLoop:
 
         visible = StreamFilter()
 
-        for token, approved, presser in turn.confirmations:
-            await self._confirmed(token, approved, presser, ctx, messages, tool_results, out, emit)
+        for n, (token, approved, presser) in enumerate(dict.fromkeys(turn.confirmations)):
+            await self._confirmed(
+                n, token, approved, presser, ctx, messages, tool_results, out, emit
+            )
 
         # the budget binds the first call too: the oldest history goes until the call fits
         smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
@@ -287,6 +289,7 @@ class AgentLoop:
 
     async def _confirmed(
         self,
+        n: int,
         token: str,
         approved: bool,
         presser: str,
@@ -303,7 +306,8 @@ class AgentLoop:
         action = pending.get(token)
         if not action:
             return
-        call = ToolCall(f"confirmed-{token}", str(action["tool"]), json.dumps(action["args"]))
+        # one id per press: two presses in a turn are two calls the model is shown
+        call = ToolCall(f"confirmed-{token}-{n}", str(action["tool"]), json.dumps(action["args"]))
         askers = action.get("by")
         if isinstance(askers, list) and askers and presser not in askers:
             result = refused_press(call.name)
