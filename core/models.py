@@ -34,6 +34,10 @@ class Sender(BaseModel):
 
     id: str
     name: str | None = None
+    # written as the group or a channel (a Telegram anonymous admin): not one known person, so
+    # nothing that person asked for can be bound to them (their button presses carry their
+    # real id)
+    anonymous: bool = False
 
 
 class Attachment(BaseModel):

@@ -234,7 +234,7 @@ class SessionRunner:
             workspace=self._workspace(),
             guard=self._fence,
             confirmations=[c for i in batch if (c := _confirmation(i)) is not None],
-            senders=tuple(dict.fromkeys(i.message.sender.id for i in batch)),
+            senders=_askers(batch),
         )
         day = time.strftime("%Y-%m-%d", time.gmtime())
         run.credits = self.mgr.quota.credits(self.profile.loop.limits)
@@ -500,6 +500,14 @@ def _burst(items: list[InboxItem], window_s: float) -> int:
     ):
         n += 1
     return n
+
+
+def _askers(batch: list[InboxItem]) -> tuple[str, ...]:
+    """Who may confirm what this turn asks for: its senders; anyone, when one of them wrote
+    anonymously (their own press would carry an id nobody could match)."""
+    if any(i.message.sender.anonymous for i in batch):
+        return ()
+    return tuple(dict.fromkeys(i.message.sender.id for i in batch))
 
 
 def _confirmation(item: InboxItem) -> tuple[str, bool, str] | None:

@@ -340,6 +340,59 @@ async def test_in_a_group_only_who_asked_may_confirm(api: Api, store: Store) -> 
         await manager.aclose(grace_s=1)
 
 
+async def test_an_action_an_anonymous_admin_asked_for_may_be_confirmed_by_anyone(
+    api: Api, store: Store
+) -> None:
+    """A Telegram group's anonymous admin writes as GroupAnonymousBot and presses buttons as
+    themselves: bound to the stand-in id, their own Confirm was always refused."""
+    spec = HttpToolSpec(
+        name="cancel_booking",
+        description="cancel a booking",
+        url=api.url + "/bookings/{order_id}/cancel",
+        method="POST",
+        parameters=SCHEMA,
+        allow_hosts=("127.0.0.1",),
+        allow_private=True,
+        read_only=False,
+        confirm=True,
+    )
+    model = ScriptedModel()
+    model.add(calls(("cancel_booking", '{"order_id": "B7"}')), text("Confirm?"), text("Done."))
+    outlet = RecordingOutlet()
+    manager = SessionManager(
+        store,
+        {
+            "default": AgentProfile(
+                name="default",
+                instructions="x",
+                loop=AgentLoop(model, ToolRegistry([HttpTool(spec)]), Limits()),
+            )
+        },
+        {"test": outlet},
+        delivery=DeliveryPolicy(base_delay_s=0.01),
+    )
+    await manager.start()
+    try:
+        anonymous = Sender(id="1087968824", name="Group", anonymous=True)
+        await manager.submit(
+            InboundMessage(
+                channel="test",
+                conversation="c",
+                sender=anonymous,
+                text="cancel B7",
+                platform_id="1",
+            )
+        )
+        await asyncio.wait_for(manager.wait_idle(), 10)
+        confirm = outlet.sent[-1][1].reply.buttons[0]
+        press = {"kind": MessageKind.BUTTON, "button_value": confirm.value}
+        await manager.submit(_msg("Confirm", "2", sender="424242", **press))
+        await asyncio.wait_for(manager.wait_idle(), 10)
+        assert [s["path"] for s in api.seen] == ["/bookings/B7/cancel"]
+    finally:
+        await manager.aclose(grace_s=1)
+
+
 def _msg(t: str, pid: str, sender: str = "u", **kw: Any) -> InboundMessage:
     return InboundMessage(
         channel="test", conversation="c", sender=Sender(id=sender), text=t, platform_id=pid, **kw

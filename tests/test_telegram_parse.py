@@ -53,6 +53,18 @@ def test_private_text() -> None:
     assert message_id_of(msg.platform_id) == 42
 
 
+def test_an_anonymous_admin_is_marked_anonymous() -> None:
+    """They write as GroupAnonymousBot: not one known person (their presses carry their own
+    id), so an action they ask for cannot be bound to them."""
+    data: dict[str, Any] = json.loads((PAYLOADS / "group_mention.json").read_text())
+    data["message"]["from"] = {"id": 1087968824, "is_bot": True, "first_name": "Group"}
+    data["message"]["sender_chat"] = dict(data["message"]["chat"])
+    incoming = normalize(Update.model_validate(data), ME, MENTION)
+    assert incoming is not None
+    assert incoming.message.sender.anonymous
+    assert not parse("private_text").sender.anonymous
+
+
 def test_start_command_keeps_its_payload() -> None:
     msg = parse("private_start")
     assert msg.kind is MessageKind.COMMAND

@@ -241,9 +241,13 @@ def _thread(msg: Message) -> str | None:
     return None
 
 
+# the stand-ins Telegram sends as `from` for a group's anonymous admins and for channel posts
+ANONYMOUS_SENDERS = frozenset({1087968824, 136817688})  # GroupAnonymousBot, Channel_Bot
+
+
 def _sender(user: User) -> Sender:
     name = " ".join(p for p in (user.first_name, user.last_name) if p) or user.username
-    return Sender(id=str(user.id), name=name)
+    return Sender(id=str(user.id), name=name, anonymous=user.id in ANONYMOUS_SENDERS)
 
 
 def _real_reply(msg: Message) -> bool:
