@@ -26,7 +26,7 @@ from channels.console import Console
 from core.access import approve, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
-from gateway.logs import logs_json, redact, setup_logging
+from gateway.logs import json_line, logs_json, redact, setup_logging
 from gateway.probes import probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
 from gateway.settings import (
@@ -279,10 +279,10 @@ async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:
 
 
 def _serving(url: str) -> None:
-    """Say where it serves: in a terminal, a line for the person; where the log is JSON
-    (systemd, Docker), a log line, so that whatever collects stdout and stderr reads JSON."""
+    """Say where it serves, on stdout as ever: where the log is JSON (systemd, Docker) as a
+    JSON line like the log's, so that whatever collects stdout and stderr reads JSON."""
     if logs_json():
-        log.info("Switchboard serving on %s", url)
+        print(json_line(log, f"Switchboard serving on {url}"), flush=True)
     else:
         print(f"Switchboard serving on {url} (Ctrl+C to stop)")
 

@@ -127,6 +127,12 @@ class _WebSessionIds(logging.Filter):
         return True
 
 
+def json_line(logger: logging.Logger, msg: str) -> str:
+    """An INFO line from `logger`, formatted as the JSON log's lines are."""
+    record = logger.makeRecord(logger.name, logging.INFO, "", 0, msg, (), None)
+    return _JsonFormatter().format(record)
+
+
 def logs_json() -> bool:
     """Whether the log is JSON lines (set up so by setup_logging)."""
     return any(isinstance(h.formatter, _JsonFormatter) for h in logging.getLogger().handlers)

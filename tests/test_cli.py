@@ -550,28 +550,27 @@ def test_run_logs_config_warnings_in_the_log_format(
     assert any(e["msg"].startswith("config: agents.vip: draft") for e in lines), lines
 
 
-def test_run_says_where_it_serves_as_a_log_line_where_logs_are_json(tmp_path: Path) -> None:
-    """The plain "serving on" line went to stdout under systemd and Docker too, where logs are
-    collected as JSON lines."""
+def test_run_says_where_it_serves_as_a_json_line_where_logs_are_json(tmp_path: Path) -> None:
+    """The plain "serving on" line on stdout broke the JSON that systemd and Docker collect;
+    it stays on stdout, as a line like the log's."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "run", "--config", str(good_config(tmp_path, port))],
         cwd=ROOT,
         env=clean_env(),
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         text=True,
     )
     try:
-        assert proc.stderr is not None
-        line = proc.stderr.readline()
-        while "serving on" not in line and line:
-            line = proc.stderr.readline()
-        assert json.loads(line)["msg"] == f"Switchboard serving on http://127.0.0.1:{port}/"
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        entry = json.loads(line)
+        assert entry["msg"] == f"Switchboard serving on http://127.0.0.1:{port}/"
+        assert entry["level"] == "info"
     finally:
         proc.terminate()
-        out, _ = proc.communicate(timeout=20)
-    assert out == ""
+        proc.communicate(timeout=20)
 
 
 def test_output_to_a_reader_that_went_away_is_no_traceback() -> None:
