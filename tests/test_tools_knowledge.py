@@ -358,6 +358,21 @@ async def test_search_knowledge_snippets_long_sections() -> None:
     assert long_text.startswith(snippet[:-2])
 
 
+@pytest.mark.parametrize("limit", [1, 3, 4, 5])
+async def test_search_results_come_back_inline_whatever_the_limit(limit: int) -> None:
+    """Five passages of 900 characters were past the inline size: a data card came back, and
+    the agent needed a read_result call (of its few) to see any of them."""
+    sections = [
+        Section(f"s{i}.md", f"Section {i}", " ".join([f'"bike" path\\{i}'] * 300))
+        for i in range(6)
+    ]
+    registry = ToolRegistry([SearchKnowledge(KnowledgeBase(sections))])
+    args = json.dumps({"query": "bike", "limit": limit})
+    data = json.loads((await registry.call("search_knowledge", args, CTX)).content)
+    assert len(data["results"]) == limit  # not a data card
+    assert all(len(r["text"]) > 300 for r in data["results"])
+
+
 FILLER = " ".join(["brake cable chain wheel saddle"] * 200)
 FACT = "Lost keys: a replacement key costs 17 dollars."
 

@@ -20,7 +20,8 @@ __all__ = [
     "SearchKnowledge",
 ]
 
-SNIPPET_CHARS = 900  # per search result: the passage around the best match
+SNIPPET_CHARS = 900  # per search result, at most: the passage around the best match
+RESULT_OVERHEAD = 400  # a result's source, section, keywords, score and JSON, in characters
 # the most a read_knowledge result (JSON) takes: it fits inline, so no data card and no
 # read_result call stand between the agent and the text; next_offset pages through the rest
 READ_CHARS = ResultTiers().inline_chars
@@ -49,11 +50,17 @@ class SearchKnowledge:
 
     async def __call__(self, args: SearchArgs, ctx: ToolContext) -> dict[str, Any]:
         hits = self._kb.search(args.query, args.limit)
-        return {"query": args.query, "results": [self._result(h, args.query) for h in hits]}
+        # five results of 900 characters came back as a data card (past the inline size),
+        # costing a read_result call: more results, shorter passages
+        width = min(SNIPPET_CHARS, READ_CHARS // max(1, len(hits)) - RESULT_OVERHEAD)
+        return {
+            "query": args.query,
+            "results": [self._result(h, args.query, width) for h in hits],
+        }
 
-    def _result(self, hit: Hit, query: str) -> dict[str, Any]:
+    def _result(self, hit: Hit, query: str, width: int) -> dict[str, Any]:
         text = hit.section.text
-        start, end = self._kb.passage(text, query, SNIPPET_CHARS)
+        start, end = self._kb.passage(text, query, width)
         snippet = text[start:end].strip()
         start = text.index(snippet, start) if snippet else start  # where the words begin
         out: dict[str, Any] = {
