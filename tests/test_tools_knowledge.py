@@ -363,8 +363,7 @@ async def test_search_results_come_back_inline_whatever_the_limit(limit: int) ->
     """Five passages of 900 characters were past the inline size: a data card came back, and
     the agent needed a read_result call (of its few) to see any of them."""
     sections = [
-        Section(f"s{i}.md", f"Section {i}", " ".join([f'"bike" path\\{i}'] * 300))
-        for i in range(6)
+        Section(f"s{i}.md", f"Section {i}", " ".join([f'"bike" path\\{i}'] * 300)) for i in range(6)
     ]
     registry = ToolRegistry([SearchKnowledge(KnowledgeBase(sections))])
     args = json.dumps({"query": "bike", "limit": limit})
