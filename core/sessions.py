@@ -30,6 +30,7 @@ from core.policies import (
     QuotaPolicy,
     SessionPolicy,
 )
+from core.presses import Presses
 from core.routing import Router
 from core.runner import SessionRunner
 from core.store.base import InboxStatus, PutResult, Store
@@ -77,6 +78,7 @@ class SessionManager:
         self.quota = quota or QuotaPolicy()
         self.outlets = outlets
         # the outlets that show a run as it happens (checked once: a Protocol isinstance is slow)
+        self.presses = Presses()  # a button tapped twice is pressed once
         self.live = {ch: o for ch, o in outlets.items() if isinstance(o, LiveOutlet)}
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.telemetry: Telemetry = telemetry or NullTelemetry()
@@ -196,12 +198,24 @@ class SessionManager:
         verdict = await self.access.check(msg)
         if not verdict.store:
             result = PutResult(0, InboxStatus.REFUSED)
+        elif (mark := self.presses.mark(str(key), msg)) and (
+            first := self.presses.claim(mark)
+        ) is not None:
+            log.info("button %r pressed again at once: the same press", msg.button_value)
+            result = PutResult(first, InboxStatus.DUPLICATE)
         else:
             profile = self.agents.get(key.agent)
             max_pending = profile.policy.max_pending if profile else 100
-            result = await self.store.put_inbound(
-                str(key), msg, max_pending, unpaired=verdict.unpaired
-            )
+            try:
+                result = await self.store.put_inbound(
+                    str(key), msg, max_pending, unpaired=verdict.unpaired
+                )
+            except BaseException:
+                if mark:
+                    self.presses.release(mark)
+                raise
+            if mark:
+                self.presses.stored(mark, result.id)
         self.telemetry.inbound(msg.channel, str(result.status))
         if verdict.notice and result.status is not InboxStatus.DUPLICATE:
             await self.notify(key, verdict.notice)

@@ -228,6 +228,32 @@ async def test_web_chat_streams_the_opening_hours(tmp_path: Path, chromium: Any)
         await browser.close()
 
 
+async def test_web_chat_sends_a_choice_once_however_often_it_is_tapped(
+    tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
+) -> None:
+    """The buttons stayed live after a tap: a double tap asked the agent twice."""
+    yes_no = '{"buttons": [{"label": "Yes", "value": "y"}, {"label": "No", "value": "n"}]}'
+    fake_openai.script(ToolCalls([("send_buttons", yes_no)]), Text("Shall I book it?"))
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}", delay_s=0.5)
+    async with gateway(config(tmp_path, model_url=fake_openai.url, admin=False)) as gw:
+        page, errors = await _page(chromium)
+        posts: list[str] = []
+        page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
+        await page.goto(gw.url + "/")
+        await page.locator("#status.on").wait_for()
+        await page.fill("#input", "book a table")
+        await page.press("#input", "Enter")
+        yes = page.locator(".chip").filter(has_text="Yes")
+        await yes.wait_for()
+        await yes.dblclick()
+        await page.locator(".row.assistant").filter(has_text="pressed the button").wait_for()
+        assert await page.locator(".row.user").count() == 2
+        assert len(posts) == 2  # the question and one press
+        assert await page.locator(".chip:disabled").count() == 2
+    assert len(fake_openai.requests) == 3
+    assert errors == []
+
+
 async def test_web_chat_renders_hostile_markdown_as_text(tmp_path: Path, chromium: Any) -> None:
     """What the model writes is rendered by the page's own small Markdown renderer: markup in
     it stays text, links are http(s) only, and a code span never lands inside a URL."""

@@ -107,6 +107,19 @@ def msg(text: str, convo: str = "c1", pid: str | None = None, **kw: Any) -> Inbo
     )
 
 
+def press(value: str, on: str | None = "m1", who: str = "ana") -> InboundMessage:
+    return InboundMessage(
+        channel="test",
+        conversation="c1",
+        sender=Sender(id=who),
+        text=value.title(),
+        platform_id=f"press-{time.monotonic_ns()}",  # each tap is its own platform event
+        kind=MessageKind.BUTTON,
+        button_value=value,
+        reply_to=on,
+    )
+
+
 def key(convo: str = "c1") -> SessionKey:
     return SessionKey("default", "test", "default", convo)
 
@@ -846,3 +859,58 @@ async def test_a_run_whose_lease_was_taken_makes_no_further_model_call(
     assert rig.outlet.texts(key("L")) == []
     assert [i.message.text for i in await store.pending(skey)] == ["hello"]
     assert ("discarded", key("L")) in [(e[0], e[1]) for e in rig.outlet.events]
+
+
+async def test_a_double_tap_is_one_turn(make_rig: Callable[..., Any]) -> None:
+    rig: Rig = await make_rig(delay_s=0.2)
+    first = await rig.manager.submit(press("yes"))
+    again = await rig.manager.submit(press("yes"))
+    await settle(rig)
+    assert first.status is InboxStatus.PENDING
+    assert again.status is InboxStatus.DUPLICATE
+    assert again.id == first.id
+    assert len(rig.model.requests) == 1
+
+
+async def test_a_new_message_a_new_value_or_another_person_is_a_new_press(
+    make_rig: Callable[..., Any],
+) -> None:
+    rig: Rig = await make_rig()
+    presses = [press("yes"), press("no"), press("yes", on="m2"), press("yes", who="c2")]
+    results = [await rig.manager.submit(p) for p in presses]
+    await settle(rig)
+    assert [r.status for r in results] == [InboxStatus.PENDING] * 4
+
+
+async def test_the_same_typed_text_is_not_a_press(make_rig: Callable[..., Any]) -> None:
+    """Only presses are compared, and only where the channel says which message they were on
+    (the web chat does not: its page disables the buttons once one is pressed)."""
+    rig: Rig = await make_rig()
+    results = [
+        await rig.manager.submit(msg("yes")),
+        await rig.manager.submit(msg("yes")),
+        await rig.manager.submit(press("yes", on=None)),
+        await rig.manager.submit(press("yes", on=None)),
+    ]
+    await settle(rig)
+    assert [r.status for r in results] == [InboxStatus.PENDING] * 4
+
+
+async def test_a_press_the_store_failed_to_keep_is_taken_when_delivered_again(
+    make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig: Rig = await make_rig()
+    real = rig.store.put_inbound
+
+    async def down(*args: Any, **kw: Any) -> Any:
+        raise StoreError("database is locked")
+
+    monkeypatch.setattr(rig.store, "put_inbound", down)
+    tap = press("yes")
+    with pytest.raises(StoreError):
+        await rig.manager.submit(tap)
+    monkeypatch.setattr(rig.store, "put_inbound", real)
+    result = await rig.manager.submit(tap)  # the platform's redelivery
+    await settle(rig)
+    assert result.status is InboxStatus.PENDING
+    assert rig.outlet.texts()

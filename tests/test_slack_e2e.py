@@ -407,6 +407,28 @@ async def test_button_round_trip(
     assert "pressed the button: Yes, book it" in last_user_text(fake_openai.requests[-1])
 
 
+async def test_a_button_clicked_twice_is_one_turn(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """Each click is its own block_actions (its own action_ts): the choice was answered twice."""
+    buttons = '{"buttons": [{"label": "Yes, book it", "value": "yes"}]}'
+    fake_openai.script(ToolCalls([("send_buttons", buttons)]), Text("Shall I book it?"))
+    await gw.post(mention("book a table", ts="1750000100.000200"))
+    (question,) = await slack.wait_for(lambda: slack.posted(CHAN))
+    yes = next(b for b in question["blocks"] if b["type"] == "actions")["elements"][0]
+    fake_openai.responder = lambda body: Text("booked", delay_s=0.3)
+    for stamp in ("1750000200.000001", "1750000200.400001"):
+        click = payload("block_actions")
+        click["container"]["message_ts"] = click["message"]["ts"] = question["ts"]
+        click["actions"][0].update(action_id=yes["action_id"], value="yes", action_ts=stamp)
+        r = await gw.post(urlencode({"payload": json.dumps(click)}).encode())
+        assert r.status_code == 200
+    await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2)
+    await asyncio.sleep(0.6)
+    assert [m["text"] for m in slack.posted(CHAN)][1:] == ["booked"]
+    assert len(fake_openai.requests) == 3
+
+
 async def test_a_lone_surrogate_is_mended_in_events_and_clicks(
     gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:

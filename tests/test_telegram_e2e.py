@@ -218,6 +218,29 @@ async def test_button_round_trip(gw: Gateway, tg: FakeTelegram, fake_openai: Fak
     )
 
 
+async def test_a_button_tapped_twice_is_one_turn(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """Each tap is its own update (its own update_id and query id): both were stored and the
+    agent answered the choice twice. Both taps get their spinner stopped."""
+    fake_openai.script(
+        ToolCalls([("send_buttons", json.dumps({"buttons": [{"label": "Yes", "value": "y"}]}))]),
+        Text("Shall I book it?"),
+    )
+    await gw.deliver(tg.message(ANA, "book a table"))
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    [question] = tg.in_chat(ANA.id)
+    fake_openai.responder = lambda body: Text(f"you chose: {last_user_text(body)}", delay_s=0.3)
+    taps = [tg.press(ANA, question, "y"), tg.press(ANA, question, "y")]
+    for tap in taps:
+        await gw.deliver(tap)
+    await until(lambda: len(tg.in_chat(ANA.id)) == 2 and len(tg.answered) == 2)
+    await asyncio.sleep(0.6)
+    assert [m.text for m in tg.in_chat(ANA.id)][1:] == ["you chose: [pressed the button: Yes]"]
+    assert len(fake_openai.requests) == 3  # the tool call, the question, one answer
+    assert sorted(tg.answered) == sorted(t["callback_query"]["id"] for t in taps)
+
+
 async def test_photo_with_caption(
     gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI, tmp_path: Path
 ) -> None:

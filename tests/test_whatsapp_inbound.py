@@ -149,6 +149,18 @@ async def test_every_message_type_reaches_the_agent(gw: Gateway, fake_openai: Fa
     assert files == sorted(data for data, _ in MEDIA.values())
 
 
+async def test_a_button_tapped_twice_is_one_turn(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    """Each tap is its own message (its own wamid) replying to the same buttons."""
+    taps = [payload("button_reply"), payload("button_reply")]
+    taps[1]["entry"][0]["changes"][0]["value"]["messages"][0]["id"] += ".again"
+    for tap in taps:
+        assert (await gw.notify(tap)).status_code == 200
+    await until(lambda: gw.graph.texts(USER))
+    await asyncio.sleep(0.5)
+    assert gw.graph.texts(USER) == ["echo: [pressed the button: 10:00]"]
+    assert len(fake_openai.requests) == 1
+
+
 async def test_business_scoped_users_are_answered_by_user_id(gw: Gateway) -> None:
     await gw.notify(payload("bsuid"))
     await until(lambda: gw.graph.to("US.13491208655302741918"))

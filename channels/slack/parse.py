@@ -122,6 +122,7 @@ def parse_action(payload: dict[str, Any]) -> Incoming | None:
         platform_id=f"act:{channel}:{stamp}",
         kind=MessageKind.BUTTON,
         button_value=value,
+        reply_to=message_ts,  # the message the buttons are on
     )
     return Incoming(message)
 

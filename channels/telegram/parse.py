@@ -226,6 +226,7 @@ def _button(update_id: int, cb: Callback, me: Identity) -> Incoming | None:
         platform_id=f"{update_id}:{msg.message_id}",
         kind=MessageKind.BUTTON,
         button_value=cb.data,
+        reply_to=str(msg.message_id),  # the message the buttons are on
     )
     return Incoming(inbound)
 
