@@ -624,6 +624,32 @@ def secret_values(s: Settings) -> list[str]:
     return [v for v in found if v]
 
 
+ROOM_FOR_A_MESSAGE = 200  # tokens: a person's message of a few sentences, in its tags
+
+
+def _budget_warning(a: AgentSettings, s: Settings) -> str | None:
+    """Whether token_budget leaves room for a message and a whole answer once the system
+    prompt and the tool definitions, which every call repeats, are counted."""
+    from gateway.tools import standing_tokens  # builds the tools: only when asked
+
+    try:
+        standing = standing_tokens(a, s.tools.http)
+    except ConfigError:  # a broken skill: reported as a problem under skills_dir
+        return None
+    lim = a.limits
+    needed = standing + ROOM_FOR_A_MESSAGE + lim.max_output_tokens
+    if lim.token_budget >= needed:
+        return None
+    left = max(lim.token_budget - standing, 0)
+    return (
+        f"the system prompt and the tool definitions take about {standing} of its "
+        f"{lim.token_budget} tokens in every model call, leaving {left}"
+        f" for the conversation and a {lim.max_output_tokens}-token answer (max_output_tokens):"
+        f" answers will be cut short, or runs will end before answering. Raise it to at least"
+        f" {needed}"
+    )
+
+
 def settings_warnings(s: Settings) -> list[tuple[str, str]]:
     """Valid but worth saying: things that will not do what the operator may expect."""
     w: list[tuple[str, str]] = []
@@ -648,6 +674,9 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
             )
         if agent.draft:
             w.append((f"agents.{name}", "draft (no instructions, or draft = true): not served"))
+        elif (budget := _budget_warning(agent.settings, s)) is not None:
+            key = "agent" if name == DEFAULT_AGENT else f"agents.{name}"
+            w.append((f"{key}.limits.token_budget", budget))
     if not (
         s.channels.web.enabled
         or any(getattr(s.channels, n).enabled for n in ("telegram", "slack", "whatsapp"))

@@ -7,6 +7,8 @@ from pathlib import Path
 from core.agent.builtin import SendButtons
 from core.agent.http_tools import HttpTool
 from core.agent.knowledge_tools import ReadKnowledge, SearchKnowledge
+from core.agent.model import ChatMessage, estimate_messages, estimate_tools
+from core.agent.prompt import system_prompt
 from core.agent.session_tools import (
     CurrentTime,
     HandoffToHuman,
@@ -18,10 +20,10 @@ from core.agent.session_tools import (
 from core.agent.skill_tools import LoadSkill, RunSkillScript
 from core.agent.tools import Tool, ToolRegistry
 from core.knowledge import KnowledgeBase
-from core.skills import Skill
+from core.skills import Skill, discover_skills, skills_prompt
 from gateway.agents_config import AgentSettings, HttpToolSettings
 
-__all__ = ["BUILTIN_TOOLS", "agent_tools"]
+__all__ = ["BUILTIN_TOOLS", "agent_tools", "standing_tokens"]
 
 BUILTIN_TOOLS = (
     "search_knowledge",
@@ -69,3 +71,18 @@ def agent_tools(
         )
     every.extend(HttpTool(section.spec(name)) for name, section in http.items())
     return ToolRegistry(every).select(agent.tools)
+
+
+# what a channel's output rules add to the system prompt (the longest is about 70 tokens)
+OUTPUT_RULES_TOKENS = 100
+
+
+def standing_tokens(agent: AgentSettings, http: dict[str, HttpToolSettings]) -> int:
+    """The tokens every model call of this agent spends before the conversation: the system
+    prompt (instructions, skills, safety and output rules) and the tool definitions, estimated
+    as the agent loop estimates them against `token_budget`."""
+    skills = discover_skills(agent.skills_dir)
+    tools = agent_tools(agent, KnowledgeBase([]), http, skills)  # descriptions need no index
+    instructions = "\n\n".join(p for p in (agent.instructions, skills_prompt(skills)) if p)
+    prompt = ChatMessage("system", system_prompt(instructions, "", {}))
+    return estimate_messages([prompt]) + OUTPUT_RULES_TOKENS + estimate_tools(tools.specs())

@@ -17,6 +17,7 @@ from gateway.settings import (
     load_settings,
     settings_warnings,
 )
+from gateway.tools import standing_tokens
 
 
 def write(tmp_path: Path, text: str, name: str = "switchboard.toml") -> Path:
@@ -721,6 +722,43 @@ def test_a_fallback_left_no_time_is_a_warning(tmp_path: Path, timeout_s: int, wa
     )
     keys = [key for key, _ in settings_warnings(load_settings(path))]
     assert ("model.fallback" in keys) is warned
+
+
+def test_a_token_budget_the_prompt_and_tools_fill_is_a_warning(tmp_path: Path) -> None:
+    """Every call repeats the system prompt and the tool definitions (about 1,800 tokens with
+    the built-in tools); a budget under that passed check and every run ended unanswered."""
+    toml = (
+        "[agent.limits]\ntoken_budget = {}\n"
+        '[agents.sales]\ninstructions = "Sell bikes."\n[agents.sales.limits]\ntoken_budget = {}\n'
+    )
+    s = load_settings(write(tmp_path, toml.format(1200, 7000)))
+    [(key, text)] = [w for w in settings_warnings(s) if "token_budget" in w[0]]
+    assert key == "agent.limits.token_budget"
+    standing = standing_tokens(s.agent, s.tools.http)
+    assert f"about {standing} of its 1200 tokens" in text
+    assert f"at least {standing + 200 + 350}" in text
+    s = load_settings(write(tmp_path, toml.format(7000, 1000)))
+    assert [k for k, _ in settings_warnings(s)] == ["agents.sales.limits.token_budget"]
+
+
+def test_what_every_call_repeats_grows_with_the_instructions_and_the_tools(
+    tmp_path: Path,
+) -> None:
+    bare = load_settings(write(tmp_path, '[agent]\ninstructions = "Be brief."\n'))
+    wordy = load_settings(write(tmp_path, f'[agent]\ninstructions = "{"Be brief. " * 400}"\n'))
+    tooled = load_settings(
+        write(
+            tmp_path,
+            '[agent]\ninstructions = "Be brief."\n[tools.http.order_status]\n'
+            'description = "Looks up an order by its number."\n'
+            'url = "https://shop.example/orders/{order_id}"\n'
+            'parameters = { type = "object", properties = { order_id = { type = "string" } },'
+            ' required = ["order_id"] }\n',
+        )
+    )
+    base = standing_tokens(bare.agent, bare.tools.http)
+    assert standing_tokens(wordy.agent, wordy.tools.http) >= base + 900  # 4,000 characters
+    assert standing_tokens(tooled.agent, tooled.tools.http) > base + 20
 
 
 def test_a_channel_section_overrides_the_queue_mode_and_debounce(tmp_path: Path) -> None:
