@@ -150,8 +150,18 @@ class _EnvSource(PydanticBaseSettingsSource):
 
 
 def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
-    """A list key takes a JSON array, or for a list of strings comma-separated values too."""
+    """A list key takes a JSON array, or for a list of strings comma-separated values too; a
+    table (an HTTP tool's headers or parameters, a section) takes a JSON object."""
     leaf = _annotation_at(root, path)
+    if get_origin(leaf) is dict or leaf is dict or (
+        isinstance(leaf, type) and issubclass(leaf, BaseModel)
+    ):
+        if value.lstrip().startswith("{"):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                return value  # reported by key as "Input should be a valid dictionary"
+        return value
     if get_origin(leaf) not in (list, tuple, set, frozenset):
         return value
     if value.lstrip().startswith("["):
@@ -170,17 +180,18 @@ def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
 def _annotation_at(root: type[BaseModel], path: list[str]) -> Any:
     """The type of the key at path (`dict[str, Model]` entries included), or None if unknown."""
     node: Any = root
-    parts = iter(path)
-    for part in parts:
-        if not (isinstance(node, type) and issubclass(node, BaseModel)):
-            return None
-        field = node.model_fields.get(part)
-        if field is None:
-            return None
-        node = _without_none(field.annotation)
-        if get_origin(node) is dict:  # the next part names an entry
-            next(parts, None)
+    i = 0
+    while i < len(path):
+        if get_origin(node) is dict:  # this part names an entry
             node = _without_none(get_args(node)[1])
+        elif isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(path[i])
+            if field is None:
+                return None
+            node = _without_none(field.annotation)
+        else:
+            return None
+        i += 1
     return node
 
 

@@ -15,6 +15,7 @@ from gateway.settings import (
     EXAMPLE_CONFIG,
     Settings,
     load_settings,
+    secret_values,
     settings_warnings,
 )
 from gateway.tools import standing_tokens
@@ -271,6 +272,42 @@ def test_list_keys_from_the_environment_beyond_the_channels(
     assert s.agent.tools == ["search_knowledge"]
     assert s.agents["sales"].tools == []
     assert [(b.agent, b.channel) for b in s.bindings] == [("sales", "web")]
+
+
+ORDER_TOOL = (
+    '[tools.http.order_status]\ndescription = "Look up an order."\n'
+    'url = "https://shop.example.com/api/orders/{order_id}"\n'
+    'parameters = { type = "object", properties = { order_id = { type = "string" } } }\n'
+)
+
+
+def test_a_table_key_takes_a_json_object_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An HTTP tool's headers (its secret token) could not come from the environment as a
+    JSON object: the variable's key was read as one header's value."""
+    monkeypatch.setenv(
+        "SWITCHBOARD__TOOLS__HTTP__ORDER_STATUS__HEADERS", '{"Authorization": "Bearer s3cret"}'
+    )
+    monkeypatch.setenv(
+        "SWITCHBOARD__TOOLS__HTTP__STOCK",
+        '{"description": "Stock of a product.", "url": "https://shop.example.com/stock"}',
+    )
+    monkeypatch.setenv("SWITCHBOARD__AGENT__LIMITS", '{"max_steps": 3}')
+    s = load_settings(write(tmp_path, ORDER_TOOL))
+    assert s.tools.http["order_status"].headers == {"Authorization": "Bearer s3cret"}
+    assert s.tools.http["stock"].url == "https://shop.example.com/stock"
+    assert s.agent.limits.max_steps == 3
+    assert "Bearer s3cret" in secret_values(s)  # scrubbed from logs
+
+
+def test_a_bad_json_object_from_the_environment_names_the_key_and_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SWITCHBOARD__TOOLS__HTTP__ORDER_STATUS__HEADERS", '{"Authorization": ')
+    ((got, msg),) = problems_of(write(tmp_path, ORDER_TOOL))
+    assert got == "tools.http.order_status.headers"
+    assert msg.endswith("(from SWITCHBOARD__TOOLS__HTTP__ORDER_STATUS__HEADERS)")
 
 
 @pytest.mark.parametrize(
