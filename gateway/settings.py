@@ -153,8 +153,10 @@ def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
     """A list key takes a JSON array, or for a list of strings comma-separated values too; a
     table (an HTTP tool's headers or parameters, a section) takes a JSON object."""
     leaf = _annotation_at(root, path)
-    if get_origin(leaf) is dict or leaf is dict or (
-        isinstance(leaf, type) and issubclass(leaf, BaseModel)
+    if (
+        get_origin(leaf) is dict
+        or leaf is dict
+        or (isinstance(leaf, type) and issubclass(leaf, BaseModel))
     ):
         if value.lstrip().startswith("{"):
             try:
