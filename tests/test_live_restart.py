@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from core.models import SessionKey
 from core.store import SqliteStore
+from gateway.keys import RUNTIME
 from tests.fake_openai import FakeOpenAI, Text
 from tests.fake_slack import (
     TEAM,
@@ -111,6 +112,36 @@ async def test_telegram_a_run_cut_short_leaves_no_preview_behind(
     if where == "group, asked again":  # the old preview quoted the first message: deleted
         assert final.reply_to == again["message"]["message_id"]
         assert preview.deleted
+
+
+async def test_telegram_a_stop_while_the_final_edit_waits_out_a_429_leaves_one_message(
+    tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The reply took the run's preview over and the store's record of it was dropped, but a
+    one-message reply kept the preview only in memory: stopped while it waited out a 429, the
+    restarted gateway sent the reply anew beside the cut-off preview (SIGTERM or SIGKILL)."""
+    chat_id = GROUP["id"]
+    session = str(SessionKey("default", "telegram", str(tg.bot.id), str(chat_id)))
+    fake_openai.responder = lambda body: Text(ANSWER, chunk_delay_s=0.15)
+    config = write_config(tmp_path, tg, fake_openai.url)
+    async with running_gateway(config, tg) as gw:
+        await gw.deliver(tg.message(ANA, "@switchboard_test_bot hello", chat=GROUP))
+        await until(lambda: len(tg.in_chat(chat_id)) == 1)  # the preview is up
+        (preview,) = tg.in_chat(chat_id)
+        tg.fail_next("editMessageText", 429, "Too Many Requests", times=100, retry_after=30)
+        await until(lambda: [o["attempts"] for o in gw.outbox()] == [1], timeout=15)
+    tg._failures.clear()
+    assert preview.text != ANSWER
+
+    async with running_gateway(config, tg) as gw:
+        await until(lambda: [o["status"] for o in gw.outbox()] == ["sent"])
+        await asyncio.sleep(0.3)
+        left = await gw.kv("telegram_preview", session)
+        progress = await gw.app[RUNTIME].store.kv_items("telegram_progress")
+    (final,) = tg.in_chat(chat_id, include_deleted=True)
+    assert (final.message_id, final.text) == (preview.message_id, ANSWER)
+    assert left is None
+    assert progress == {}
 
 
 # Slack

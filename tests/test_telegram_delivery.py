@@ -401,6 +401,9 @@ async def test_a_restart_between_preview_and_reply_still_replaces_the_preview(
         after = Live(client, store, streaming=True)
         handed = await after.take(key, "run1")
         assert handed.ids == [tg.in_chat(GROUP["id"])[0].message_id]
+        # kept until the taker has them in its own record: a stop before would lose them
+        assert (await after.take(key, "run1")).ids == handed.ids
+        await after.handed(key, "run1")
         assert (await after.take(key, "run1")).ids == []  # handed over once
         assert (await after.take(key, "other-run")).ids == []
     finally:

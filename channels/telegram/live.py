@@ -132,17 +132,19 @@ class Live:
 
     async def take(self, key: SessionKey, run_id: str) -> Handover:
         """The preview messages of a finished run, handed over once; from the store when this
-        process did not stream it (it restarted in between)."""
+        process did not stream it (it restarted in between). The store keeps them until the
+        taker says `handed`: a stop before it has recorded them must not lose them."""
         state = self._finished.pop(run_id, None)
         if state is not None:
-            if state.ids:
-                await self._forget(key, run_id)
             return Handover(state.ids, state.shown, state.reply_to)
         saved = await self._saved(key)
         if saved is None or saved.run != run_id:
             return Handover()
-        await self._forget(key, run_id)
         return Handover(saved.ids, saved.shown, saved.reply_to)
+
+    async def handed(self, key: SessionKey, run_id: str) -> None:
+        """The run's previews taken are in the taker's own record now (or gone)."""
+        await self._forget(key, run_id)
 
     async def aclose(self) -> None:
         for state in list(self._running.values()):

@@ -40,6 +40,9 @@ class _Progress:
     targets: list[int] = field(default_factory=list)  # preview messages to edit into chunks
     shown: list[str] = field(default_factory=list)  # digests of what the previews show
     reply_to: int | None = None
+    # the run whose previews this part edits into the reply: while it does, its progress is
+    # in the store, so a stop before the edits still finds the previews (else a second copy)
+    preview_run: str | None = None
 
 
 class Delivery:
@@ -62,7 +65,7 @@ class Delivery:
                 last = markup if i == len(chunks) - 1 else None
                 mid = await self._chunk(chat, thread, i, chunks[i], last, progress, str(key))
                 progress.done.append(mid)
-                if len(chunks) > 1:
+                if len(chunks) > 1 or progress.preview_run:
                     await self._save(part.id, progress)
         except ChatMigrated as exc:  # the retry goes to the supergroup (new messages come from
             # there too, as another session: this one only finishes what it was answering)
@@ -76,7 +79,9 @@ class Delivery:
             raise
         await self._live.delete(chat, progress.targets[len(chunks) :])  # previews left over
         self._progress.pop(part.id, None)
-        if len(chunks) > 1:
+        if progress.preview_run is not None:
+            await self._live.handed(key, progress.preview_run)
+        if len(chunks) > 1 or progress.preview_run:
             with contextlib.suppress(StoreError):
                 await self._store.kv_delete(PROGRESS_NS, str(part.id))
         return str(progress.done[0]) if progress.done else None
@@ -134,7 +139,13 @@ class Delivery:
             raw = await self._store.kv_get(PROGRESS_NS, str(part.id))
         if raw:
             data = json.loads(raw)
-            progress = _Progress(data["done"], data["targets"], data["shown"], data["reply_to"])
+            progress = _Progress(
+                data["done"],
+                data["targets"],
+                data["shown"],
+                data["reply_to"],
+                data.get("preview_run"),
+            )
         else:
             progress = _Progress()
             if chat < 0 and part.run_id:
@@ -143,8 +154,12 @@ class Delivery:
                 preview = await self._live.take(key, part.run_id)
                 if preview.ids and chat < 0 and preview.reply_to != progress.reply_to:
                     await self._live.delete(chat, preview.ids)  # it answers another message
-                else:
+                    await self._live.handed(key, part.run_id)
+                elif preview.ids:
                     progress.targets, progress.shown = preview.ids, preview.shown
+                    progress.preview_run = part.run_id
+                    await self._save(part.id, progress)  # before the first edit: a stop
+                    # while it waits (a 429) must still find the previews to edit
         self._progress[part.id] = progress
         return progress
 
@@ -154,6 +169,7 @@ class Delivery:
             "targets": progress.targets,
             "shown": progress.shown,
             "reply_to": progress.reply_to,
+            "preview_run": progress.preview_run,
         }
         with contextlib.suppress(StoreError):
             await self._store.kv_set(PROGRESS_NS, str(part_id), json.dumps(data))
