@@ -74,7 +74,9 @@ async def tg(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeTelegram]:
         yield fake
 
 
-@pytest.mark.parametrize("where", ["group", "group, asked again", "private"])
+@pytest.mark.parametrize(
+    "where", ["group", "group, asked again", "private", "group, previews then switched off"]
+)
 async def test_telegram_a_run_cut_short_leaves_no_preview_behind(
     tmp_path: Path, tg: FakeTelegram, fake_openai: FakeOpenAI, where: str
 ) -> None:
@@ -98,6 +100,8 @@ async def test_telegram_a_run_cut_short_leaves_no_preview_behind(
     for sent in tg.in_chat(chat_id, include_deleted=True):
         sent.deleted = False  # killed: nothing was deleted
     await put_back(tmp_path / "sb.db", "telegram_preview", session, saved)
+    if where.endswith("switched off"):  # the operator turned previews off before the restart
+        config.write_text(config.read_text() + "streaming = false\n")
 
     async with running_gateway(config, tg) as gw:
         await until(lambda: any(s.text == ANSWER for s in tg.in_chat(chat_id)))
@@ -107,7 +111,7 @@ async def test_telegram_a_run_cut_short_leaves_no_preview_behind(
     (final,) = tg.in_chat(chat_id)
     assert final.text == ANSWER
     assert not left
-    if where == "group":  # the same message, edited into the answer
+    if where.startswith("group") and where != "group, asked again":  # edited into the answer
         assert final.message_id == preview.message_id
     if where == "group, asked again":  # the old preview quoted the first message: deleted
         assert final.reply_to == again["message"]["message_id"]
@@ -170,8 +174,9 @@ async def slack() -> AsyncIterator[HeldFinals]:
 SLACK_SESSION = str(SessionKey("default", "slack", TEAM, DM))
 
 
+@pytest.mark.parametrize("previews_after", ["update", "off"])
 async def test_slack_a_run_cut_short_leaves_no_preview_behind(
-    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, previews_after: str
 ) -> None:
     """The preview was kept in memory only: after the restart the redone run posted a second,
     complete message under the cut-off one, and the thinking reaction stayed for good."""
@@ -187,6 +192,8 @@ async def test_slack_a_run_cut_short_leaves_no_preview_behind(
         m.pop("deleted", None)  # killed: nothing was deleted, the reaction is still there
     slack.reactions[(DM, asking["ts"])] = {"eyes"}
     await put_back(tmp_path / "sb.db", "slack_preview", SLACK_SESSION, saved)
+    if previews_after == "off":  # the operator turned previews off before the restart
+        config = gateway_config(tmp_path, slack, fake_openai.url, extra='streaming = "off"\n')
 
     async with run_gateway(config) as gw:
         await slack.wait_for(lambda: any(m["text"] == ANSWER for m in slack.posted(DM)))

@@ -121,8 +121,9 @@ class Live:
         self._runs[run_id] = run
         if self._status:  # best effort: a slow Slack must not hold the run or its reply back
             run.status_on = self._spawn(self._status_on(run))
-        if self._mode != "off":  # without previews there is none to find (and no store read)
-            await self._left_behind(run)
+        # even with previews off: a process that showed them may have died (and been
+        # restarted with them switched off) leaving one in the thread
+        await self._left_behind(run)
 
     async def delta(self, key: SessionKey, run_id: str, text: str) -> None:
         run = self._runs.get(run_id)

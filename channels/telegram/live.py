@@ -106,8 +106,9 @@ class Live:
             await self._stop(old)
         self._running[str(key)] = state
         state.typing = asyncio.create_task(self._type(state), name=f"typing {key}")
-        if self._streaming:  # without previews there is none to find (and no store read)
-            await self._left_behind(key, state)
+        # even with previews off: a process that streamed them may have died (and been
+        # restarted with them switched off) leaving one in the chat
+        await self._left_behind(key, state)
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
         state = self._running.get(str(key))
