@@ -78,8 +78,8 @@ class SessionManager:
         self.quota = quota or QuotaPolicy()
         self.outlets = outlets
         # the outlets that show a run as it happens (checked once: a Protocol isinstance is slow)
-        self.presses = Presses()  # a button tapped twice is pressed once
         self.live = {ch: o for ch, o in outlets.items() if isinstance(o, LiveOutlet)}
+        self.presses = Presses()  # a button tapped twice is pressed once
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self.access = AccessControl(access or {}, store)

@@ -182,18 +182,16 @@ def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
 def _annotation_at(root: type[BaseModel], path: list[str]) -> Any:
     """The type of the key at path (`dict[str, Model]` entries included), or None if unknown."""
     node: Any = root
-    i = 0
-    while i < len(path):
+    for part in path:
         if get_origin(node) is dict:  # this part names an entry
             node = _without_none(get_args(node)[1])
         elif isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(path[i])
+            field = node.model_fields.get(part)
             if field is None:
                 return None
             node = _without_none(field.annotation)
         else:
             return None
-        i += 1
     return node
 
 
