@@ -21,6 +21,7 @@ from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 __all__ = ["PostGate", "add_routes"]
 
 COOKIE = "switchboard_chat"
+COOKIE_AGE_S = 60 * 60 * 24 * 365
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
 GATE_WINDOW_S = 60.0
@@ -71,14 +72,23 @@ def _session(request: web.Request) -> tuple[str, bool]:
 
 
 def _set_cookie(response: web.StreamResponse, session_id: str, request: web.Request) -> None:
-    response.set_cookie(
-        COOKIE,
-        session_id,
-        max_age=60 * 60 * 24 * 365,
-        httponly=True,
-        samesite="Lax",
-        secure=request.secure,  # a Secure cookie sent over plain HTTP would never come back
-        path="/",
+    """Over HTTPS the cookie also works where the chat is framed by a page of another site
+    (a shop on its own domain): SameSite=None, so the browser sends it from the frame, and
+    Partitioned, so it is kept per embedding site (browsers refuse unpartitioned third-party
+    cookies). Posts from another origin are refused anyway (`post_message`), and only the
+    chat's own origin can read its answers. Over plain HTTP (a Secure cookie would never come
+    back) it stays SameSite=Lax: first-party only."""
+    if not request.secure:
+        response.set_cookie(
+            COOKIE, session_id, max_age=COOKIE_AGE_S, httponly=True, samesite="Lax", path="/"
+        )
+        return
+    # written out: Python's cookie module before 3.14 refuses the Partitioned attribute (the
+    # id is letters, digits, - and _: nothing to quote)
+    response.headers.add(
+        "Set-Cookie",
+        f"{COOKIE}={session_id}; Max-Age={COOKIE_AGE_S}; Path=/; HttpOnly; Secure; "
+        "SameSite=None; Partitioned",
     )
 
 

@@ -8,14 +8,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trustme
+from aiohttp import web
 
 from core.models import InboundMessage, Sender, SessionKey
+from gateway.app import build_app
+from gateway.settings import load_settings
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
+from tests.loopback import serve
 from tests.test_admin import TOKEN, chat_browser, config, gateway, replies, say, until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -252,6 +258,46 @@ async def test_web_chat_sends_a_choice_once_however_often_it_is_tapped(
         assert await page.locator(".chip:disabled").count() == 2
     assert len(fake_openai.requests) == 3
     assert errors == []
+
+
+async def test_web_chat_works_framed_by_a_page_of_another_site(
+    tmp_path: Path, chromium: Any
+) -> None:
+    """A shop on its own domain frames the chat served over HTTPS. Its SameSite=Lax cookie was
+    never sent from the frame: each request was a new session, and no answer ever showed."""
+    ca = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(tls)
+    app = build_app(load_settings(config(tmp_path, model_url=None)))
+    runner = web.AppRunner(app, shutdown_timeout=1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    shop = web.Application()
+    frame = f'<iframe id="chat" src="https://localhost:{port}/" width="800" height="600">'
+
+    async def shop_page(request: web.Request) -> web.Response:
+        return web.Response(text=frame, content_type="text/html")
+
+    shop.router.add_get("/", shop_page)
+    shop_runner, shop_url = await serve(shop)  # http://127.0.0.1: another site
+    browser = await chromium.new_context(ignore_https_errors=True)
+    try:
+        page, _ = await _page(browser)
+        await page.goto(shop_url + "/")
+        chat = page.frame_locator("#chat")
+        await chat.locator("#status.on").wait_for()
+        await chat.locator("#input").fill("what are your opening hours?")
+        await chat.locator("#input").press("Enter")
+        answer = chat.locator(".row.assistant:not(.pending)").filter(has_text="Monday")
+        await answer.wait_for()
+        [cookie] = await browser.cookies()
+        assert (cookie["sameSite"], cookie["secure"]) == ("None", True)
+    finally:
+        await browser.close()
+        await shop_runner.cleanup()
+        await runner.cleanup()
 
 
 async def test_web_chat_renders_hostile_markdown_as_text(tmp_path: Path, chromium: Any) -> None:

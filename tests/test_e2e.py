@@ -322,9 +322,12 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
     gw: Gateway = await start_gateway(config)
     async with gw.client() as client:
         page = await client.get("/", headers={"X-Forwarded-Proto": "https"})
-        assert "secure" in page.headers["set-cookie"].lower()
+        cookie = page.headers["set-cookie"].lower()  # framed by another site, it still works
+        assert {"secure", "samesite=none", "partitioned", "httponly"} <= set(cookie.split("; "))
         page = await client.get("/")
-        assert "secure" not in page.headers["set-cookie"].lower()
+        cookie = page.headers["set-cookie"].lower()
+        assert "secure" not in cookie
+        assert "samesite=lax" in cookie
         csp = page.headers["Content-Security-Policy"]
         assert "default-src 'none'" in csp
         assert "script-src 'sha256-" in csp
