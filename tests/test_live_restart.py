@@ -239,3 +239,33 @@ async def test_slack_a_thinking_reaction_already_there_is_removed_when_the_run_e
         await slack.wait_for(lambda: slack.posted(DM))
         await slack.wait_for(lambda: slack.reactions[(DM, asking["ts"])] == set(), timeout=5)
     assert slack.called("reactions.add")
+
+
+@pytest.mark.parametrize("status_after", ["on", "off"])
+async def test_slack_a_killed_runs_thinking_reaction_goes_when_the_next_run_answers_another(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, status_after: str
+) -> None:
+    """The person wrote again before the restart: the redone run answered the newer message
+    (and reacted there), and the killed run's reaction stayed on the first one for good."""
+    fake_openai.script(Text(SLOW, chunk_delay_s=0.1))
+    fake_openai.responder = lambda body: Text(ANSWER)
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "off"\n')
+    first = message(DM, "hello there")
+    async with run_gateway(config) as gw:
+        await gw.post(event(first))
+        await slack.wait_for(lambda: slack.reactions.get((DM, first["ts"])) == {"eyes"})
+        saved = await eventually(lambda: gw.store.kv_get("slack_thinking", SLACK_SESSION))
+    slack.reactions[(DM, first["ts"])] = {"eyes"}  # killed: nothing was removed
+    await put_back(tmp_path / "sb.db", "slack_thinking", SLACK_SESSION, saved)
+    if status_after == "off":
+        extra = 'streaming = "off"\nstatus_messages = false\n'
+        config = gateway_config(tmp_path, slack, fake_openai.url, extra)
+
+    again = message(DM, "are you there?")
+    async with run_gateway(config) as gw:
+        await gw.post(event(again))
+        await slack.wait_for(lambda: any(m["text"] == ANSWER for m in slack.posted(DM)))
+        await slack.wait_for(lambda: slack.reactions[(DM, first["ts"])] == set(), timeout=5)
+        await slack.wait_for(lambda: not slack.reactions.get((DM, again["ts"])), timeout=5)
+        await asyncio.sleep(0.3)
+        assert not await gw.store.kv_get("slack_thinking", SLACK_SESSION)

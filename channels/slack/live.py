@@ -10,6 +10,8 @@ shows no preview at all. The final reply replaces the preview (the adapter edits
 discarded run deletes it. The preview's ts is kept in the store per session: after a restart,
 the final send of a committed run still replaces it, and the session's next run takes over the
 one a run cut short left (editing it into its own), or deletes it when it streams instead.
+The message a thinking reaction is on is kept likewise, so the next run takes off the one a
+run cut short left, whichever message it answers itself.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ UPDATE_INTERVAL = 1.0
 STREAM_INTERVAL = 0.5
 PREVIEWS_MAX = 1000
 PREVIEWS_NS = "slack_preview"  # session -> its newest run's preview message, until replaced
+REACTIONS_NS = "slack_thinking"  # session -> the message its run's thinking reaction is on
 THINKING = "is thinking…"
 _TS = re.compile(r"^\d+\.\d+$")
 
@@ -119,8 +122,8 @@ class Live:
         trigger_ts, user = await self._trigger(key) if self._status or stream else (None, None)
         run = _Run(run_id, key, stream, trigger_ts, user, last_flush=time.monotonic())
         self._runs[run_id] = run
-        if self._status:  # best effort: a slow Slack must not hold the run or its reply back
-            run.status_on = self._spawn(self._status_on(run))
+        # best effort: a slow Slack must not hold the run or its reply back
+        run.status_on = self._spawn(self._status_on(run))
         # even with previews off: a process that showed them may have died (and been
         # restarted with them switched off) leaving one in the thread
         await self._left_behind(run)
@@ -179,6 +182,9 @@ class Live:
         return None, items[-1].message.sender.id if items else None
 
     async def _status_on(self, run: _Run) -> None:
+        await self._reaction_left_behind(run)
+        if not self._status:
+            return
         key = run.key
         if key.thread is not None and key.conversation not in self._no_assistant:
             try:
@@ -198,6 +204,9 @@ class Live:
                 log.info("slack live feedback failed: %s", exc, extra={"session": str(key)})
                 return
         run.status = "reaction"
+        mark = {"run": run.run_id, "channel": key.conversation, "ts": run.trigger_ts}
+        with contextlib.suppress(StoreError):  # for whoever runs next, should this process die
+            await self._store.kv_set(REACTIONS_NS, str(key), json.dumps(mark))
 
     async def _status_done(self, run: _Run) -> None:
         """The status off, once it is surely on (its call may still be on its way)."""
@@ -212,6 +221,36 @@ class Live:
         elif run.status == "reaction" and run.trigger_ts is not None:
             react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=False)
             await _quiet(react, key)
+            await self._forget_reaction(key, run.run_id)
+
+    async def _reaction_left_behind(self, run: _Run) -> None:
+        """The thinking reaction of a run that no longer runs (the process died before it
+        removed it): off, unless this run's own goes on that very message."""
+        key = run.key
+        try:
+            raw = await self._store.kv_get(REACTIONS_NS, str(key))
+            mark = json.loads(raw) if raw else None
+            if not isinstance(mark, dict) or mark.get("run") in (run.run_id, *self._runs):
+                return
+            channel, ts = str(mark["channel"]), str(mark["ts"])
+        except StoreError:
+            return
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("unreadable reaction record dropped: %s", exc, extra={"session": str(key)})
+            channel = ts = ""
+        if ts and not (self._status and channel == key.conversation and ts == run.trigger_ts):
+            await _quiet(self._api.react(channel, ts, self._reaction, add=False), key)
+        with contextlib.suppress(StoreError):
+            await self._store.kv_delete(REACTIONS_NS, str(key))
+
+    async def _forget_reaction(self, key: SessionKey, run_id: str) -> None:
+        """Drop the record of a run's reaction once removed, unless a newer run's is there."""
+        try:
+            raw = await self._store.kv_get(REACTIONS_NS, str(key))
+            if raw and json.loads(raw).get("run") == run_id:
+                await self._store.kv_delete(REACTIONS_NS, str(key))
+        except (StoreError, ValueError, AttributeError):
+            return
 
     # preview
 
