@@ -6,7 +6,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,19 +60,30 @@ class Outbox:
         self._policy = policy
         self._telemetry: Telemetry = telemetry or NullTelemetry()
 
-    async def deliver_pending(self, key: SessionKey) -> None:
+    async def deliver_pending(
+        self, key: SessionKey, fence: Callable[[], Awaitable[bool]] | None = None
+    ) -> None:
+        """`fence`: whether this replica still holds the session, asked before a retry (a
+        wait, for a 429's retry_after say, may outlast the lease: another replica holding it
+        now sends the part itself). False stops the delivery; the parts stay pending."""
         for part in await self._store.outbox_pending(str(key)):
-            await self._send(key, part)
+            if not await self._send(key, part, fence):
+                return
 
-    async def _send(self, key: SessionKey, part: OutboundPart) -> None:
+    async def _send(
+        self, key: SessionKey, part: OutboundPart, fence: Callable[[], Awaitable[bool]] | None
+    ) -> bool:
         outlet = self._outlets.get(key.channel)
         if outlet is None:
             await self._store.mark_failed(part.id, "channel not enabled", permanent=True)
-            return
+            return True
         started = time.monotonic()
         failures = 0  # in this call: the backoff starts over after a restart
         extra = {"session": str(key), "channel": key.channel}
         while True:
+            if failures and fence is not None and not await fence():
+                log.info("reply part %d left to the session's new holder", part.id, extra=extra)
+                return False
             try:
                 platform_id = await outlet.send(key, part)
             except ChannelError as exc:
@@ -84,7 +95,7 @@ class Outbox:
             else:
                 await self._confirm(part.id, platform_id, extra)
                 self._telemetry.send(key.channel, "sent")
-                return
+                return True
             failures += 1
             limited = retry_after is not None
             permanent = not retryable or time.monotonic() - started >= self._policy.retry_for_s
@@ -94,7 +105,7 @@ class Outbox:
             )
             if permanent:
                 log.error("giving up on reply part %d: %s", part.id, error, extra=extra)
-                return
+                return True
             if failures == 1 and not limited:
                 log.warning("reply part %d not sent, retrying: %s", part.id, error, extra=extra)
             await asyncio.sleep(self._policy.delay(failures, retry_after))

@@ -148,7 +148,7 @@ class SessionRunner:
         while not self.lease_lost:
             self.poked = False
             await self.deliver()
-            if self.mgr._closing:
+            if self.mgr._closing or self.lease_lost:
                 return  # draining: stored replies go out, no new turn starts
             await self._debounce()
             if drained and not self.poked:
@@ -445,7 +445,17 @@ class SessionRunner:
     async def deliver(self) -> None:
         """Send stored reply parts in order; each is marked sent once the platform confirms."""
         async with self.deliver_lock:
-            await self.mgr.outbox.deliver_pending(self.key)
+            await self.mgr.outbox.deliver_pending(self.key, self._still_holding)
+
+    async def _still_holding(self) -> bool:
+        """Before a send is tried again: the lease, renewed now (a StoreError ends this
+        delivery as any store failure does: the runner lets go and comes back)."""
+        if self.lease_lost:
+            return False
+        held = await self.mgr.store.renew_lease(self.skey, self.mgr.owner, self.policy.lease_ttl_s)
+        if not held:
+            self.lease_lost = True
+        return held
 
     async def _clear_workspace(self) -> None:
         """A fresh session does not see the old one's kept tool results or skill files."""

@@ -804,6 +804,25 @@ async def test_a_lease_taken_mid_run_stops_the_run_at_the_next_heartbeat(
     assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
 
 
+async def test_a_send_waiting_out_a_429_is_left_to_the_replica_that_took_the_lease(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    """The wait outlasted the lease (the database was down, another replica took the session
+    and sent the part): the first replica sent it again when its wait was over."""
+    rig: Rig = await make_rig()
+    skey = str(key("T"))
+    rig.outlet.fail_with.append(ChannelError("Too Many Requests", retryable=True, retry_after=0.5))
+    await rig.manager.submit(msg("hello", "T"))
+    while not rig.outlet.events or ("ended", key("T")) not in [e[:2] for e in rig.outlet.events]:
+        await asyncio.sleep(0.01)
+    await store.release_lease(skey, rig.manager.owner)  # as if it expired and was taken
+    assert await store.acquire_lease(skey, "other-replica", 30.0)
+    await asyncio.wait_for(rig.manager.wait_idle(), 5.0)
+    assert rig.outlet.texts(key("T")) == []  # the other replica sends it
+    assert [p.reply.text for p in await store.outbox_pending(skey)] == ["echo: hello"]
+    assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
+
+
 async def test_a_renewal_that_races_a_release_and_reacquire_stops_nothing(
     store: Store, make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
