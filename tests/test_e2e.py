@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from channels.web.adapter import QUEUE_SIZE, WebChat
 from core.models import SessionKey
+from core.store.postgres import PostgresStore
 from gateway.app import build_app
 from gateway.settings import load_settings
 from gateway.webchat import PostGate
@@ -404,6 +406,31 @@ async def test_a_stalled_page_has_its_stream_ended_so_it_reconnects() -> None:
     assert other.empty()
     chat.close()
     assert other.get_nowait() is None
+
+
+async def test_open_pages_reload_when_news_from_other_replicas_may_have_been_missed(
+    pg_url: str,
+) -> None:
+    """The connection that hears other replicas' replies was cut (a database outage) and
+    came back: a reply sent meanwhile was never shown on an open page, which stayed open on
+    keepalives. Now every open stream ends, and its page reconnects and reads the history."""
+    store = PostgresStore(pg_url, min_size=1, max_size=2)
+    await store.start()
+    chat = WebChat(store)
+    try:
+        await chat.start()
+        page = chat.subscribe("s1")
+        assert store._listener is not None
+        listener = store._listener.get_server_pid()
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await conn.execute("SELECT pg_terminate_backend($1)", listener)
+        finally:
+            await conn.close()
+        async with asyncio.timeout(10):
+            assert await page.get() is None  # the stream ends: the page reloads
+    finally:
+        await store.aclose()
 
 
 @pytest.mark.parametrize("command", ["/reset", "/Reset"])  # phones capitalise the first letter

@@ -124,7 +124,8 @@ class WebChat:
         return queue
 
     def close(self) -> None:
-        """End every open stream (at shutdown), so no connection holds the server open."""
+        """End every open stream: at shutdown, so no connection holds the server open, and
+        when replies may have been missed (each page then reloads what it has not shown)."""
         for subs in self._subscribers.values():
             for queue in subs:
                 _end(queue)
@@ -177,8 +178,12 @@ class WebChat:
         return shown
 
     def _sent_elsewhere(self, where: str | None) -> None:
-        """Another replica sent a reply for a session: show it on this replica's open pages."""
-        if where is None:  # announcements may have been missed: pages catch up on reconnect
+        """Another replica sent a reply for a session: show it on this replica's open pages.
+        None: announcements may have been missed (the connection that hears them was lost,
+        or is back): every open stream ends, and its page reconnects and reads the history.
+        Left open, a page stayed on without the replies sent meanwhile, for good."""
+        if where is None:
+            self.close()
             return
         origin, _, skey = where.partition(" ")
         if origin == self._origin:
