@@ -149,7 +149,7 @@ class SessionRunner:
             self.poked = False
             await self.deliver()
             if self.mgr._closing or self.lease_lost:
-                return  # draining: stored replies go out, no new turn starts
+                return  # draining (stored replies go out, no new turn starts), or not ours
             await self._debounce()
             if drained and not self.poked:
                 return  # nothing to read: whatever arrives now pokes _main into another round
