@@ -63,10 +63,14 @@ class Outbox:
     async def deliver_pending(
         self, key: SessionKey, fence: Callable[[], Awaitable[bool]] | None = None
     ) -> None:
-        """`fence`: whether this replica still holds the session, asked before a retry (a
-        wait, for a 429's retry_after say, may outlast the lease: another replica holding it
-        now sends the part itself). False stops the delivery; the parts stay pending."""
-        for part in await self._store.outbox_pending(str(key)):
+        """`fence`: whether this replica still holds the session, asked before a retry and
+        before each part after the first (a wait, for a 429's retry_after or for the store to
+        record a send, may outlast the lease: another replica holding it now sends the parts
+        itself). False stops the delivery; the parts stay pending."""
+        for i, part in enumerate(await self._store.outbox_pending(str(key))):
+            if i and fence is not None and not await fence():
+                log.info("reply parts left to the session's new holder", extra=_about(key))
+                return
             if not await self._send(key, part, fence):
                 return
 
@@ -79,7 +83,7 @@ class Outbox:
             return True
         started = time.monotonic()
         failures = 0  # in this call: the backoff starts over after a restart
-        extra = {"session": str(key), "channel": key.channel}
+        extra = _about(key)
         while True:
             if failures and fence is not None and not await fence():
                 log.info("reply part %d left to the session's new holder", part.id, extra=extra)
@@ -129,3 +133,7 @@ class Outbox:
                     extra=extra,
                 )
             await asyncio.sleep(delay)
+
+
+def _about(key: SessionKey) -> dict[str, str]:
+    return {"session": str(key), "channel": key.channel}

@@ -201,7 +201,8 @@ class SessionManager:
         elif (mark := self.presses.mark(str(key), msg)) and (
             first := self.presses.claim(mark)
         ) is not None:
-            log.info("button %r pressed again at once: the same press", msg.button_value)
+            extra = {"session": str(key), "channel": msg.channel}
+            log.info("button %r pressed again at once: one press", msg.button_value, extra=extra)
             result = PutResult(first, InboxStatus.DUPLICATE)
         else:
             profile = self.agents.get(key.agent)

@@ -145,8 +145,20 @@ class _EnvSource(PydanticBaseSettingsSource):
                     break
                 node = child
             else:
-                node[path[-1]] = _env_value(self.settings_cls, path, value)
+                parsed = _env_value(self.settings_cls, path, value)
+                known = node.get(path[-1])
+                if isinstance(parsed, dict) and isinstance(known, dict):
+                    parsed = _merged(parsed, known)  # a key's own variable beats its table's
+                node[path[-1]] = parsed
         return out
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` on top, table by table."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:

@@ -19,7 +19,7 @@ from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
 from core.agent.sanitize import wrap_user_text
 from core.agent.tools import ToolRegistry
 from core.errors import ChannelError, StoreError
-from core.models import InboundMessage, MessageKind, Reply, Sender, SessionKey
+from core.models import InboundMessage, MessageKind, OutboundPart, Reply, Sender, SessionKey
 from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
@@ -821,6 +821,28 @@ async def test_a_send_waiting_out_a_429_is_left_to_the_replica_that_took_the_lea
     assert rig.outlet.texts(key("T")) == []  # the other replica sends it
     assert [p.reply.text for p in await store.outbox_pending(skey)] == ["echo: hello"]
     assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
+
+
+async def test_the_parts_after_one_whose_send_outlasted_the_lease_are_left_to_the_new_holder(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    """Recording a sent part waited out a store outage longer than the lease; the replica
+    that took the session sent the rest, and so did this one, straight after."""
+    skey = str(key("T"))
+
+    class SlowFirst(RecordingOutlet):
+        async def send(self, k: SessionKey, part: OutboundPart) -> str | None:
+            if not self.sent:  # meanwhile the lease expired and another replica took it
+                await store.release_lease(skey, rig.manager.owner)
+                assert await store.acquire_lease(skey, "other-replica", 30.0)
+            return await super().send(k, part)
+
+    rig: Rig = await make_rig(outlet=SlowFirst())
+    await store.enqueue_replies(skey, [Reply(text="one"), Reply(text="two")])
+    await rig.manager.notify(key("T"), "three")
+    await asyncio.wait_for(rig.manager.wait_idle(), 5.0)
+    assert rig.outlet.texts(key("T")) == ["one"]
+    assert [p.reply.text for p in await store.outbox_pending(skey)] == ["two", "three"]
 
 
 async def test_a_renewal_that_races_a_release_and_reacquire_stops_nothing(

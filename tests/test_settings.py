@@ -301,6 +301,19 @@ def test_a_table_key_takes_a_json_object_from_the_environment(
     assert "Bearer s3cret" in secret_values(s)  # scrubbed from logs
 
 
+@pytest.mark.parametrize("table_first", [True, False])
+def test_a_keys_own_variable_beats_its_tables_whatever_their_order(
+    tmp_path: Path, table_first: bool
+) -> None:
+    """The environment's order is arbitrary (Docker, systemd): the table's JSON object, read
+    after the key's own variable, dropped it silently."""
+    table = ("SWITCHBOARD__AGENT__LIMITS", '{"max_steps": 3, "max_tool_calls": 9}')
+    key = ("SWITCHBOARD__AGENT__LIMITS__MAX_TOOL_CALLS", "2")
+    environ = dict([table, key] if table_first else [key, table])
+    s = load_settings(write(tmp_path, ""), environ=environ)
+    assert (s.agent.limits.max_steps, s.agent.limits.max_tool_calls) == (3, 2)
+
+
 def test_a_bad_json_object_from_the_environment_names_the_key_and_variable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -409,3 +409,30 @@ async def test_a_restart_between_preview_and_reply_still_replaces_the_preview(
     finally:
         await client.aclose()
         await store.aclose()
+
+
+async def test_a_reply_failing_for_good_keeps_the_preview_it_was_edited_into(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The first chunk of a long reply was edited into the run's preview, the second failed
+    for good. The preview's record stayed in the store, so the next run took that message
+    over (or, quoting another message, deleted it): the delivered half of the answer went."""
+    words = " ".join(f"w{i:04d}" for i in range(1000))  # two messages
+    assert len(render(words).chunks()) == 2
+    fake_openai.responder = lambda body: Text(words, chunk_delay_s=0.002)
+    gw = await start(tg)
+    chat = GROUP["id"]
+    # the preview's first message goes out; every later one is refused for good
+    tg.fail_next("sendMessage", 403, "Forbidden: bot was kicked from the group", times=9, after=1)
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot tell me everything", chat=GROUP))
+    await until(lambda: [o["status"] for o in gw.outbox()] == ["failed"], timeout=15)
+    tg._failures.clear()
+    (first,) = tg.in_chat(chat)
+    assert first.text.startswith("w0000")
+    assert first.text.split()[-1] != "w0999"
+    fake_openai.responder = lambda body: Text("short answer", chunk_delay_s=0.3)
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot and now?", chat=GROUP))
+    await until(lambda: any(s.text == "short answer" for s in tg.in_chat(chat)), timeout=15)
+    await asyncio.sleep(0.3)
+    assert first in tg.in_chat(chat)
+    assert first.text.startswith("w0000")

@@ -204,6 +204,8 @@ class Live:
                 log.info("slack live feedback failed: %s", exc, extra={"session": str(key)})
                 return
         run.status = "reaction"
+        if run.run_id not in self._runs:  # ended meanwhile: its _status_done takes it off, and
+            return  # the next run may have recorded its own
         mark = {"run": run.run_id, "channel": key.conversation, "ts": run.trigger_ts}
         with contextlib.suppress(StoreError):  # for whoever runs next, should this process die
             await self._store.kv_set(REACTIONS_NS, str(key), json.dumps(mark))

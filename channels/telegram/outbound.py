@@ -43,6 +43,7 @@ class _Progress:
     # the run whose previews this part edits into the reply: while it does, its progress is
     # in the store, so a stop before the edits still finds the previews (else a second copy)
     preview_run: str | None = None
+    handed: bool = False  # the run's own record of its previews is gone (they are in ours)
 
 
 class Delivery:
@@ -79,7 +80,7 @@ class Delivery:
             raise
         await self._live.delete(chat, progress.targets[len(chunks) :])  # previews left over
         self._progress.pop(part.id, None)
-        if progress.preview_run is not None:
+        if progress.preview_run is not None and not progress.handed:
             await self._live.handed(key, progress.preview_run)
         if len(chunks) > 1 or progress.preview_run:
             with contextlib.suppress(StoreError):
@@ -158,12 +159,17 @@ class Delivery:
                 elif preview.ids:
                     progress.targets, progress.shown = preview.ids, preview.shown
                     progress.preview_run = part.run_id
-                    await self._save(part.id, progress)  # before the first edit: a stop
-                    # while it waits (a 429) must still find the previews to edit
+                    # before the first edit: a stop while it waits (a 429) must still find
+                    # the previews; then they are this part's alone (a next run must not take
+                    # them over, should this part fail for good)
+                    if await self._save(part.id, progress):
+                        await self._live.handed(key, part.run_id)
+                        progress.handed = True
         self._progress[part.id] = progress
         return progress
 
-    async def _save(self, part_id: int, progress: _Progress) -> None:
+    async def _save(self, part_id: int, progress: _Progress) -> bool:
+        """Whether the part's progress is in the store now."""
         data = {
             "done": progress.done,
             "targets": progress.targets,
@@ -171,8 +177,11 @@ class Delivery:
             "reply_to": progress.reply_to,
             "preview_run": progress.preview_run,
         }
-        with contextlib.suppress(StoreError):
+        try:
             await self._store.kv_set(PROGRESS_NS, str(part_id), json.dumps(data))
+        except StoreError:
+            return False
+        return True
 
     async def _trigger(self, run_id: str) -> int | None:
         """What the reply quotes in a group: the newest message the run answers (`quoted`)."""
