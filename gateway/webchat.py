@@ -7,6 +7,7 @@ import contextlib
 import functools
 import ipaddress
 import math
+import random
 from importlib import resources
 
 from aiohttp import web
@@ -189,7 +190,9 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     queue = chat.subscribe(session_id)
     try:
-        await response.write(b": connected\n\n")
+        # when the stream ends (a restart, news missed on a replica), pages come back spread
+        # over a few seconds, not all at once
+        await response.write(f": connected\nretry: {random.randint(1000, 4000)}\n\n".encode())
         while True:
             try:
                 frame = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
