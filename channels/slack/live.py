@@ -204,11 +204,9 @@ class Live:
                 log.info("slack live feedback failed: %s", exc, extra={"session": str(key)})
                 return
         run.status = "reaction"
-        if run.run_id not in self._runs:  # ended meanwhile: its _status_done takes it off, and
-            return  # the next run may have recorded its own
-        mark = {"run": run.run_id, "channel": key.conversation, "ts": run.trigger_ts}
-        with contextlib.suppress(StoreError):  # for whoever runs next, should this process die
-            await self._store.kv_set(REACTIONS_NS, str(key), json.dumps(mark))
+        if run.run_id in self._runs:  # else ended meanwhile: its _status_done takes it off
+            # (and the next run may have recorded its own); kept for whoever runs next,
+            await self._record(REACTIONS_NS, run, run.trigger_ts)  # should this process die
 
     async def _status_done(self, run: _Run) -> None:
         """The status off, once it is surely on (its call may still be on its way)."""
@@ -223,36 +221,19 @@ class Live:
         elif run.status == "reaction" and run.trigger_ts is not None:
             react = self._api.react(key.conversation, run.trigger_ts, self._reaction, add=False)
             await _quiet(react, key)
-            await self._forget_reaction(key, run.run_id)
+            await self._forget(key, run.run_id, REACTIONS_NS)
 
     async def _reaction_left_behind(self, run: _Run) -> None:
         """The thinking reaction of a run that no longer runs (the process died before it
         removed it): off, unless this run's own goes on that very message."""
         key = run.key
-        try:
-            raw = await self._store.kv_get(REACTIONS_NS, str(key))
-            mark = json.loads(raw) if raw else None
-            if not isinstance(mark, dict) or mark.get("run") in (run.run_id, *self._runs):
-                return
-            channel, ts = str(mark["channel"]), str(mark["ts"])
-        except StoreError:
+        saved = await self._saved(key, REACTIONS_NS)
+        if saved is None or saved.run == run.run_id or saved.run in self._runs:
             return
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("unreadable reaction record dropped: %s", exc, extra={"session": str(key)})
-            channel = ts = ""
-        if ts and not (self._status and channel == key.conversation and ts == run.trigger_ts):
-            await _quiet(self._api.react(channel, ts, self._reaction, add=False), key)
-        with contextlib.suppress(StoreError):
-            await self._store.kv_delete(REACTIONS_NS, str(key))
-
-    async def _forget_reaction(self, key: SessionKey, run_id: str) -> None:
-        """Drop the record of a run's reaction once removed, unless a newer run's is there."""
-        try:
-            raw = await self._store.kv_get(REACTIONS_NS, str(key))
-            if raw and json.loads(raw).get("run") == run_id:
-                await self._store.kv_delete(REACTIONS_NS, str(key))
-        except (StoreError, ValueError, AttributeError):
-            return
+        mine = self._status and saved.channel == key.conversation and saved.ts == run.trigger_ts
+        if not mine:
+            await _quiet(self._api.react(saved.channel, saved.ts, self._reaction, add=False), key)
+        await self._forget(key, saved.run, REACTIONS_NS)
 
     # preview
 
@@ -280,10 +261,11 @@ class Live:
         await _quiet(self._api.delete(saved.channel, saved.ts), key)
         await self._forget(key, saved.run)
 
-    async def _saved(self, key: SessionKey) -> _Saved | None:
-        """The preview message the store holds for the session (from any process)."""
+    async def _saved(self, key: SessionKey, namespace: str = PREVIEWS_NS) -> _Saved | None:
+        """The preview message (or, in REACTIONS_NS, the message a thinking reaction is on)
+        the store holds for the session (from any process)."""
         try:
-            raw = await self._store.kv_get(PREVIEWS_NS, str(key))
+            raw = await self._store.kv_get(namespace, str(key))
             data = json.loads(raw) if raw else None
             if not isinstance(data, dict):
                 return None
@@ -293,27 +275,27 @@ class Live:
         except StoreError:
             return None
         except (ValueError, TypeError, KeyError) as exc:
-            log.warning("unreadable preview record dropped: %s", exc, extra={"session": str(key)})
+            log.warning(
+                "unreadable %s record dropped: %s", namespace, exc, extra={"session": str(key)}
+            )
             return None
 
     async def _remember(self, run: _Run) -> None:
         """Keep the preview's ts in the store, so a restart still replaces or deletes it."""
-        value = {
-            "run": run.run_id,
-            "channel": run.key.conversation,
-            "ts": run.preview_ts,
-            "stream": run.stream,
-        }
-        with contextlib.suppress(StoreError):
-            await self._store.kv_set(PREVIEWS_NS, str(run.key), json.dumps(value))
+        await self._record(PREVIEWS_NS, run, run.preview_ts)
 
-    async def _forget(self, key: SessionKey, run_id: str) -> None:
-        """Drop the stored preview once replaced or deleted, unless a newer run's is there."""
-        saved = await self._saved(key)
+    async def _record(self, namespace: str, run: _Run, ts: str | None) -> None:
+        value = {"run": run.run_id, "channel": run.key.conversation, "ts": ts, "stream": run.stream}
+        with contextlib.suppress(StoreError):
+            await self._store.kv_set(namespace, str(run.key), json.dumps(value))
+
+    async def _forget(self, key: SessionKey, run_id: str, namespace: str = PREVIEWS_NS) -> None:
+        """Drop the stored record once done with, unless a newer run's is there."""
+        saved = await self._saved(key, namespace)
         if saved is not None and saved.run != run_id:
             return
         with contextlib.suppress(StoreError):
-            await self._store.kv_delete(PREVIEWS_NS, str(key))
+            await self._store.kv_delete(namespace, str(key))
 
     async def _pump(self, run: _Run) -> None:
         while len(run.text) > run.flushed and not run.broken:
