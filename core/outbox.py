@@ -69,8 +69,8 @@ class Outbox:
         itself). False stops the delivery; the parts stay pending."""
         for i, part in enumerate(await self._store.outbox_pending(str(key))):
             if i and fence is not None and not await fence():
-                log.info("reply parts left to the session's new holder", extra=_about(key))
-                return
+                log.info("reply parts left to the session's new holder")  # the runner's task
+                return  # says which session (core.logcontext)
             if not await self._send(key, part, fence):
                 return
 
@@ -83,7 +83,7 @@ class Outbox:
             return True
         started = time.monotonic()
         failures = 0  # in this call: the backoff starts over after a restart
-        extra = _about(key)
+        extra = {"session": str(key), "channel": key.channel}
         while True:
             if failures and fence is not None and not await fence():
                 log.info("reply part %d left to the session's new holder", part.id, extra=extra)
@@ -133,7 +133,3 @@ class Outbox:
                     extra=extra,
                 )
             await asyncio.sleep(delay)
-
-
-def _about(key: SessionKey) -> dict[str, str]:
-    return {"session": str(key), "channel": key.channel}

@@ -134,13 +134,11 @@ class SessionRunner:
         """Before each model call: extend the lease, or stop the run. The heartbeat alone can
         be late under load; this way a model call only starts while the lease surely holds."""
         try:
-            held = await self.mgr.store.renew_lease(
-                self.skey, self.mgr.owner, self.policy.lease_ttl_s
-            )
+            held = await self._still_holding()
         except StoreError:
+            self.lease_lost = True
             held = False
         if not held:
-            self.lease_lost = True
             raise asyncio.CancelledError  # ends the turn as if interrupted; nothing is committed
 
     async def _work(self) -> None:
@@ -448,8 +446,9 @@ class SessionRunner:
             await self.mgr.outbox.deliver_pending(self.key, self._still_holding)
 
     async def _still_holding(self) -> bool:
-        """Before a send is tried again: the lease, renewed now (a StoreError ends this
-        delivery as any store failure does: the runner lets go and comes back)."""
+        """The lease, renewed now (before a model call, and before a send that follows a
+        wait: a StoreError ends that delivery as any store failure does, the runner lets go
+        and comes back)."""
         if self.lease_lost:
             return False
         held = await self.mgr.store.renew_lease(self.skey, self.mgr.owner, self.policy.lease_ttl_s)
