@@ -18,13 +18,13 @@ from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
 from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
-from core.skills import Skill, discover_skills, skills_prompt
+from core.skills import Skill, discover_skills
 from core.store import SqliteStore, Store
 from core.store.base import local_owner
 from core.telemetry import Telemetry
 from gateway.agents_config import AgentSettings, ModelEndpoint, ModelSettings
 from gateway.settings import PLATFORM_CHANNELS, Settings
-from gateway.tools import agent_tools
+from gateway.tools import agent_instructions, agent_tools
 from providers.anthropic import DEFAULT_BASE_URL, AnthropicClient
 from providers.openai import OpenAIClient, RetryPolicy
 
@@ -194,7 +194,7 @@ def _profile(
     )
     return AgentProfile(
         name=name,
-        instructions="\n\n".join(p for p in (a.instructions, skills_prompt(skills)) if p),
+        instructions=agent_instructions(a, skills),
         loop=AgentLoop(model, tools, limits),
         policy=SessionPolicy(
             queue_mode=a.queue_mode,

@@ -163,32 +163,28 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def _env_value(root: type[BaseModel], path: list[str], value: str) -> Any:
     """A list key takes a JSON array, or for a list of strings comma-separated values too; a
-    table (an HTTP tool's headers or parameters, a section) takes a JSON object."""
+    table (an HTTP tool's headers or parameters, a section) takes a JSON object. What does not
+    parse is left as it is, for validation to report by key ("Input should be a valid …")."""
     leaf = _annotation_at(root, path)
-    if (
-        get_origin(leaf) is dict
-        or leaf is dict
-        or (isinstance(leaf, type) and issubclass(leaf, BaseModel))
-    ):
-        if value.lstrip().startswith("{"):
-            try:
-                return json.loads(value)
-            except json.JSONDecodeError:
-                return value  # reported by key as "Input should be a valid dictionary"
+    table = get_origin(leaf) is dict or leaf is dict or _is_model(leaf)
+    listed = get_origin(leaf) in (list, tuple, set, frozenset)
+    if not (table or listed):
         return value
-    if get_origin(leaf) not in (list, tuple, set, frozenset):
-        return value
-    if value.lstrip().startswith("["):
+    if value.lstrip().startswith("{" if table else "["):
         try:
             return json.loads(value)
         except json.JSONDecodeError:
-            return value  # reported by key as "Input should be a valid list"
+            return value
     item = next(iter(get_args(leaf)), Any)
     if get_origin(item) is Annotated:
         item = get_args(item)[0]
-    if item is str:
+    if listed and item is str:
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def _annotation_at(root: type[BaseModel], path: list[str]) -> Any:
@@ -197,7 +193,7 @@ def _annotation_at(root: type[BaseModel], path: list[str]) -> Any:
     for part in path:
         if get_origin(node) is dict:  # this part names an entry
             node = _without_none(get_args(node)[1])
-        elif isinstance(node, type) and issubclass(node, BaseModel):
+        elif _is_model(node):
             field = node.model_fields.get(part)
             if field is None:
                 return None

@@ -23,7 +23,7 @@ from core.knowledge import KnowledgeBase
 from core.skills import Skill, discover_skills, skills_prompt
 from gateway.agents_config import AgentSettings, HttpToolSettings
 
-__all__ = ["BUILTIN_TOOLS", "agent_tools", "standing_tokens"]
+__all__ = ["BUILTIN_TOOLS", "agent_instructions", "agent_tools", "standing_tokens"]
 
 BUILTIN_TOOLS = (
     "search_knowledge",
@@ -73,6 +73,11 @@ def agent_tools(
     return ToolRegistry(every).select(agent.tools)
 
 
+def agent_instructions(agent: AgentSettings, skills: list[Skill]) -> str:
+    """The agent's instructions, followed by what its skills are for."""
+    return "\n\n".join(p for p in (agent.instructions, skills_prompt(skills)) if p)
+
+
 # what a channel's output rules add to the system prompt (the longest is about 70 tokens)
 OUTPUT_RULES_TOKENS = 100
 
@@ -83,6 +88,5 @@ def standing_tokens(agent: AgentSettings, http: dict[str, HttpToolSettings]) -> 
     as the agent loop estimates them against `token_budget`."""
     skills = discover_skills(agent.skills_dir)
     tools = agent_tools(agent, KnowledgeBase([]), http, skills)  # descriptions need no index
-    instructions = "\n\n".join(p for p in (agent.instructions, skills_prompt(skills)) if p)
-    prompt = ChatMessage("system", system_prompt(instructions, "", {}))
+    prompt = ChatMessage("system", system_prompt(agent_instructions(agent, skills), "", {}))
     return estimate_messages([prompt]) + OUTPUT_RULES_TOKENS + estimate_tools(tools.specs())

@@ -196,3 +196,29 @@ def test_a_broken_skill_is_a_config_error_naming_the_key(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as err:
         load_settings(_write(tmp_path, f'[agent]\nskills_dir = "{tmp_path}/skills"\n'))
     assert "agent.skills_dir" in [k for k, _ in err.value.problems]
+
+
+def test_the_token_budget_warning_counts_what_the_agent_loop_sends(tmp_path: Path) -> None:
+    """`check` estimates the system prompt and tool definitions every call repeats; they must
+    be the served agent's own (its skills' summaries, its tools), and the allowance for a
+    channel's output rules must cover the longest of them."""
+    from channels.slack.adapter import OUTPUT_RULES as SLACK
+    from channels.telegram.adapter import OUTPUT_RULES as TELEGRAM
+    from channels.web.adapter import OUTPUT_RULES as WEB
+    from channels.whatsapp.adapter import OUTPUT_RULES as WHATSAPP
+    from core.agent.model import ChatMessage, estimate_messages, estimate_tools
+    from core.agent.prompt import system_prompt
+    from gateway.runtime import Runtime
+    from gateway.tools import OUTPUT_RULES_TOKENS, standing_tokens
+
+    s = load_settings(_write(tmp_path, f'[agent]\nknowledge_cache = "{tmp_path}/index.json"\n'))
+    profile = Runtime.build(s, {}).agents["default"]
+    bare = system_prompt(profile.instructions, "", {})
+    served = estimate_tools(profile.loop._tools.specs()) + estimate_messages(
+        [ChatMessage("system", bare)]
+    )
+    assert standing_tokens(s.agent, s.tools.http) == served + OUTPUT_RULES_TOKENS
+    for rules in (SLACK, TELEGRAM, WEB, WHATSAPP):
+        with_rules = estimate_messages([ChatMessage("system", system_prompt("x", rules, {}))])
+        without = estimate_messages([ChatMessage("system", system_prompt("x", "", {}))])
+        assert with_rules - without <= OUTPUT_RULES_TOKENS
