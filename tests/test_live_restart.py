@@ -34,6 +34,8 @@ from tests.fake_telegram import (
     ANA,
     GROUP,
     FakeTelegram,
+    Gateway,
+    Sent,
     running_fake,
     running_gateway,
     until,
@@ -74,6 +76,15 @@ async def tg(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[FakeTelegram]:
         yield fake
 
 
+async def previewing(gw: Gateway, tg: FakeTelegram, chat: dict[str, Any] | None) -> Sent:
+    """Ana asks (in `chat`, else privately); the preview of the answer, once it is up."""
+    chat_id = chat["id"] if chat else ANA.id
+    await gw.deliver(tg.message(ANA, "@switchboard_test_bot hello", chat=chat))
+    await until(lambda: len(tg.in_chat(chat_id)) == 1)
+    (preview,) = tg.in_chat(chat_id)
+    return preview
+
+
 @pytest.mark.parametrize(
     "where", ["group", "group, asked again", "private", "group, previews then switched off"]
 )
@@ -90,9 +101,7 @@ async def test_telegram_a_run_cut_short_leaves_no_preview_behind(
     fake_openai.responder = lambda body: Text(ANSWER, chunk_delay_s=0.05)
     config = write_config(tmp_path, tg, fake_openai.url)
     async with running_gateway(config, tg) as gw:
-        await gw.deliver(tg.message(ANA, "@switchboard_test_bot hello", chat=chat))
-        await until(lambda: len(tg.in_chat(chat_id)) == 1)  # the preview is up
-        (preview,) = tg.in_chat(chat_id)
+        preview = await previewing(gw, tg, chat)
         saved = await eventually(lambda: gw.kv("telegram_preview", session))
         if where == "group, asked again":  # answered together: the reply quotes this one
             again = tg.message(ANA, "@switchboard_test_bot are you there?", chat=chat)
@@ -129,9 +138,7 @@ async def test_telegram_a_stop_while_the_final_edit_waits_out_a_429_leaves_one_m
     fake_openai.responder = lambda body: Text(ANSWER, chunk_delay_s=0.15)
     config = write_config(tmp_path, tg, fake_openai.url)
     async with running_gateway(config, tg) as gw:
-        await gw.deliver(tg.message(ANA, "@switchboard_test_bot hello", chat=GROUP))
-        await until(lambda: len(tg.in_chat(chat_id)) == 1)  # the preview is up
-        (preview,) = tg.in_chat(chat_id)
+        preview = await previewing(gw, tg, GROUP)
         tg.fail_next("editMessageText", 429, "Too Many Requests", times=100, retry_after=30)
         await until(lambda: [o["attempts"] for o in gw.outbox()] == [1], timeout=15)
     tg._failures.clear()

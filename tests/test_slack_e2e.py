@@ -384,6 +384,14 @@ async def test_ten_thousand_character_reply_is_delivered_within_limits_and_in_or
     assert words == expected
 
 
+def click(question: dict[str, Any], button: dict[str, Any], **action: Any) -> bytes:
+    """The signed-form body of a press of `button` on the message `question`."""
+    body = payload("block_actions")
+    body["container"]["message_ts"] = body["message"]["ts"] = question["ts"]
+    body["actions"][0].update(action_id=button["action_id"], value=button["value"], **action)
+    return urlencode({"payload": json.dumps(body)}).encode()
+
+
 async def test_button_round_trip(
     gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:
@@ -395,11 +403,7 @@ async def test_button_round_trip(
     yes = actions[0]["elements"][0]
     assert (yes["text"]["text"], yes["value"]) == ("Yes, book it", "yes")
 
-    click = payload("block_actions")
-    click["container"]["message_ts"] = click["message"]["ts"] = question["ts"]
-    click["actions"][0].update(action_id=yes["action_id"], value=yes["value"])
-    form = urlencode({"payload": json.dumps(click)}).encode()
-    r = await gw.post(form)
+    r = await gw.post(click(question, yes))
     assert r.status_code == 200
     await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2)
     answer = slack.posted(CHAN)[1]
@@ -418,10 +422,7 @@ async def test_a_button_clicked_twice_is_one_turn(
     yes = next(b for b in question["blocks"] if b["type"] == "actions")["elements"][0]
     fake_openai.responder = lambda body: Text("booked", delay_s=0.3)
     for stamp in ("1750000200.000001", "1750000200.400001"):
-        click = payload("block_actions")
-        click["container"]["message_ts"] = click["message"]["ts"] = question["ts"]
-        click["actions"][0].update(action_id=yes["action_id"], value="yes", action_ts=stamp)
-        r = await gw.post(urlencode({"payload": json.dumps(click)}).encode())
+        r = await gw.post(click(question, yes, action_ts=stamp))
         assert r.status_code == 200
     await slack.wait_for(lambda: len(slack.posted(CHAN)) == 2)
     await asyncio.sleep(0.6)

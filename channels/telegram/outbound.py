@@ -60,13 +60,16 @@ class Delivery:
         await self._check_blocked(key, chat)
         chunks = _chunks(part.reply, str(key))
         progress = await self._start(key, part, chat)
+        # in the store while under way, so a stop midway finds it: which chunks went out,
+        # which previews they go into
+        kept = len(chunks) > 1 or progress.preview_run is not None
         markup = await self._keyboard(part.reply.buttons) if part.reply.buttons else None
         try:
             for i in range(len(progress.done), len(chunks)):
                 last = markup if i == len(chunks) - 1 else None
                 mid = await self._chunk(chat, thread, i, chunks[i], last, progress, str(key))
                 progress.done.append(mid)
-                if len(chunks) > 1 or progress.preview_run:
+                if kept:
                     await self._save(part.id, progress)
         except ChatMigrated as exc:  # the retry goes to the supergroup (new messages come from
             # there too, as another session: this one only finishes what it was answering)
@@ -82,7 +85,7 @@ class Delivery:
         self._progress.pop(part.id, None)
         if progress.preview_run is not None and not progress.handed:
             await self._live.handed(key, progress.preview_run)
-        if len(chunks) > 1 or progress.preview_run:
+        if kept:
             with contextlib.suppress(StoreError):
                 await self._store.kv_delete(PROGRESS_NS, str(part.id))
         return str(progress.done[0]) if progress.done else None
