@@ -2,34 +2,73 @@
 
 from __future__ import annotations
 
-from aiolimiter import AsyncLimiter
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
 from cachetools import LRUCache
 
 __all__ = ["KeyedLimiter"]
 
 
-class KeyedLimiter:
-    """`rate` acquisitions per `period` seconds for each key, remembering the busiest
-    `max_keys` keys (an idle key's bucket is empty again anyway)."""
+class _Window:
+    """The times of a key's last `rate` acquisitions, and a lock that lines its waiters up."""
 
-    def __init__(self, rate: float, period: float, *, max_keys: int = 10_000) -> None:
-        self._rate, self._period = rate, period
-        self._limiters: LRUCache[str, AsyncLimiter] = LRUCache(max_keys)
+    __slots__ = ("lock", "times")
+
+    def __init__(self, rate: int) -> None:
+        self.times: deque[float] = deque(maxlen=rate)
+        self.lock = asyncio.Lock()
+
+
+class KeyedLimiter:
+    """At most `rate` acquisitions in any `period` seconds for each key, remembering the
+    busiest `max_keys` keys. A sliding window, as the platforms count ("20 messages a minute
+    to a group"): a token bucket lets a full burst through and then refills, so almost twice
+    the rate passed in the first period and the platform answered 429."""
+
+    def __init__(
+        self,
+        rate: float,
+        period: float,
+        *,
+        max_keys: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rate < 1:  # half a message a second: one every two seconds
+            rate, period = 1, period / rate
+        self._rate, self._period, self._clock = int(rate), period, clock
+        self._windows: LRUCache[str, _Window] = LRUCache(max_keys)
 
     async def acquire(self, key: str) -> None:
-        await self._limiter(key).acquire()
+        """Wait until the key has room, then count one (waiters go in the order they came)."""
+        window = self._window(key)
+        async with window.lock:  # while it is held, `take` counts nothing for this key
+            if (wait := self._wait(window)) > 0:
+                await asyncio.sleep(wait)
+            window.times.append(self._clock())
 
     async def take(self, key: str) -> float | None:
-        """Acquire now if the key has room (None); else, without waiting, the seconds until it
-        has room for one more (a full bucket leaks one every period / rate)."""
-        limiter = self._limiter(key)
-        if not limiter.has_capacity():
-            return self._period / self._rate
-        await limiter.acquire()  # there is room: it does not wait
+        """Count one now if the key has room (None); else, without waiting, the seconds until
+        it may have room."""
+        window = self._window(key)
+        wait = self._wait(window)
+        if window.lock.locked():  # someone is waiting already: they go first
+            wait = max(wait, self._period / self._rate)
+        if wait > 0:
+            return wait
+        window.times.append(self._clock())
         return None
 
-    def _limiter(self, key: str) -> AsyncLimiter:
-        limiter = self._limiters.get(key)
-        if limiter is None:
-            limiter = self._limiters[key] = AsyncLimiter(self._rate, self._period)
-        return limiter
+    def _wait(self, window: _Window) -> float:
+        """Seconds until the oldest of a full window's acquisitions leaves it (0: room now)."""
+        if len(window.times) < self._rate:
+            return 0.0
+        return max(0.0, window.times[0] + self._period - self._clock())
+
+    def _window(self, key: str) -> _Window:
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window(self._rate)
+        return window

@@ -62,6 +62,40 @@ async def test_keyed_limiter_holds_back_a_busy_key_only() -> None:
         await asyncio.wait_for(limiter.acquire("chat-a"), 0.2)
 
 
+async def test_keyed_limiter_allows_the_rate_in_any_window_not_a_burst_on_top() -> None:
+    """Telegram allows 20 messages a minute to a group: a bucket let 20 through at once and
+    then refilled, so almost 40 went in the first minute and the platform answered 429."""
+    limiter = KeyedLimiter(3, 0.3)
+    loop = asyncio.get_running_loop()
+    times = []
+    for _ in range(7):
+        await limiter.acquire("group")
+        times.append(loop.time())
+    assert times[2] - times[0] < 0.1  # the rate itself may go at once
+    for first, fourth in zip(times, times[3:], strict=False):
+        assert fourth - first >= 0.29  # never a fourth within 0.3 s
+
+
+async def test_keyed_limiter_take_counts_only_when_there_is_room() -> None:
+    now = [100.0]
+    limiter = KeyedLimiter(2, 60.0, clock=lambda: now[0])
+    assert await limiter.take("chat") is None
+    now[0] += 10
+    assert await limiter.take("chat") is None
+    assert await limiter.take("chat") == pytest.approx(50.0)  # until the first leaves
+    now[0] += 50
+    assert await limiter.take("chat") is None
+    assert await limiter.take("chat") == pytest.approx(10.0)
+    assert await limiter.take("other") is None
+
+
+async def test_keyed_limiter_below_one_a_period_spaces_them_out() -> None:
+    now = [0.0]
+    limiter = KeyedLimiter(0.5, 1.0, clock=lambda: now[0])
+    assert await limiter.take("n") is None
+    assert await limiter.take("n") == pytest.approx(2.0)
+
+
 async def test_send_buttons_reach_the_run_outcome() -> None:
     model = ScriptedModel()
     model.add(

@@ -17,6 +17,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from channels.web.adapter import QUEUE_SIZE, WebChat
+from core.agent.builtin import BUTTON_VALUE_MAX
 from core.models import SessionKey
 from core.store.postgres import PostgresStore
 from gateway.app import build_app
@@ -314,6 +315,19 @@ async def test_bad_requests_get_json_errors_never_500(
         assert (await client.get("/readyz")).status_code == 200
         metrics = await client.get("/metrics")
         assert "switchboard_active_sessions" in metrics.text
+
+
+async def test_a_button_carries_every_value_the_agent_may_give_it(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """send_buttons takes values up to 256 characters; the page posted them back and got 400."""
+    gw: Gateway = await start_gateway(write_config(tmp_path, None))
+    async with browser(gw) as client:
+        value = "v" * BUTTON_VALUE_MAX
+        body = {"text": "Yes", "client_id": "b1", "button": value}
+        assert (await client.post("/chat/messages", json=body)).status_code == 202
+        body = {"text": "Yes", "client_id": "b2", "button": value + "v"}
+        assert (await client.post("/chat/messages", json=body)).status_code == 400
 
 
 async def test_the_page_and_its_posts_are_guarded_against_other_sites(

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_asyncio
 
 from tests.fake_openai import FakeOpenAI, Text, last_user_text
@@ -71,6 +72,26 @@ async def test_update_mode_edits_one_message_at_most_once_a_second_then_finalize
     assert slack.called("reactions.add")[0]["timestamp"] == user_msg["ts"]
     assert calls.index("reactions.remove") > calls.index("chat.postMessage")
     assert slack.reactions == {(DM, user_msg["ts"]): set()}
+    assert slack.problems == []
+
+
+async def test_preview_edits_stay_within_the_workspace_budget_and_the_final_still_lands(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """chat.update is Tier 3 (50+ a minute per workspace): a few long runs at once, each
+    editing its preview every second, went over it and met 429s."""
+    monkeypatch.setattr("channels.slack.live.UPDATE_INTERVAL", 0.1)
+    monkeypatch.setattr("channels.slack.live.PREVIEW_EDITS_PER_MINUTE", 2)
+    fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.06)
+    async with run_gateway(gateway_config(tmp_path, slack, fake_openai.url)) as gw:
+        await gw.post(event(message(DM, "tell me a story")))
+        await slack.wait_for(lambda: slack.posted(DM) and "reactions.remove" in methods(slack))
+    (final,) = slack.posted(DM)
+    assert final["text"] == WORDS
+    updates = [c for c in slack.calls if c.method == "chat.update"]
+    previews = [c for c in updates if c.args["text"].endswith(" …")]
+    assert len(previews) == 2
+    assert updates[-1].args["blocks"]  # the final reply replaced the preview all the same
     assert slack.problems == []
 
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from channels.telegram.client import RATES, TelegramClient
+from channels.telegram.client import RATES, TelegramClient, is_parse_error
 from channels.telegram.live import Live
 from channels.telegram.markdown import render
 from channels.telegram.rich import MAX_UNITS
 from channels.telegram.settings import TelegramSettings
+from core.errors import ChannelError
 from core.models import InboundMessage, Sender, SessionKey
 from core.store import SqliteStore
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
@@ -233,6 +234,22 @@ async def test_a_discarded_run_deletes_its_preview(
     everything = tg.in_chat(chat, include_deleted=True)
     assert [s.deleted for s in everything] == [True, False]
     assert everything[0].text.startswith("slow0")
+
+
+@pytest.mark.parametrize(
+    ("said", "markup"),
+    [
+        ('Bad Request: can\'t parse entities: Unsupported start tag "x" at byte offset 3', True),
+        ("Bad Request: can't find end of the entity starting at byte offset 12", True),
+        ("Bad Request: Can't parse message text: unexpected end tag", True),
+        ("Bad Request: chat not found", False),
+        ("Bad Request: message thread not found", False),
+    ],
+)
+def test_a_markup_refusal_is_known_by_more_than_one_wording(said: str, markup: bool) -> None:
+    """The wording of Telegram's markup errors is not a contract (reference/channels.md)."""
+    assert is_parse_error(ChannelError(said, code="bad_request")) is markup
+    assert not is_parse_error(ChannelError(said, retryable=True, code="flood"))
 
 
 async def test_client_limits_space_messages_per_chat_and_per_group(

@@ -118,6 +118,16 @@ def test_forum_topics_are_threads_and_other_threads_are_not() -> None:
     assert len(keys) == 2
 
 
+def test_a_private_chat_topic_is_a_thread_of_its_own() -> None:
+    """Bot API 9.3: private chats have topics too; the answer goes to the topic it came from."""
+    topic = parse("private_topic")
+    assert (topic.conversation, topic.thread) == ("111111", "12")
+    assert topic.reply_to is None  # the topic's creation is not a quoted message
+    plain = parse("private_text")
+    assert plain.thread is None
+    assert SessionKey.for_message("default", topic) != SessionKey.for_message("default", plain)
+
+
 def test_an_unknown_username_still_answers_replies_and_bare_commands() -> None:
     me = Identity("123456789")
     assert parse("group_reply_to_bot", me) is not None

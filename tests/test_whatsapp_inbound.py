@@ -14,7 +14,7 @@ import pytest_asyncio
 from channels.whatsapp.settings import DEFAULT_UNSUPPORTED_REPLY
 from core.models import SessionKey
 from core.policies import HELP_REPLY, RESET_REPLY
-from tests.fake_openai import FakeOpenAI, last_user_text
+from tests.fake_openai import FakeOpenAI, Text, last_user_text
 from tests.fake_whatsapp import (
     VERIFY_TOKEN,
     FakeGraph,
@@ -109,6 +109,22 @@ async def test_text_is_read_with_typing_then_answered(gw: Gateway) -> None:
         "message_id": "wamid.HELLO",
         "typing_indicator": {"type": "text"},
     }
+
+
+async def test_typing_is_shown_again_while_the_run_is_silent_and_not_after_the_reply(
+    gw: Gateway, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The indicator lapses after 25 s; a run busy with tools or a slow model streams no text,
+    and the indicator used to be shown again only when text came."""
+    monkeypatch.setattr("channels.whatsapp.adapter.TYPING_REFRESH_S", 0.1)
+    fake_openai.responder = lambda body: Text("done thinking", delay_s=0.55)
+    await gw.notify(text_message("hello there", mid="wamid.SLOW"))
+    await until(lambda: gw.graph.texts(USER))
+    shown = len(gw.graph.reads)
+    assert shown >= 4
+    assert {r["message_id"] for r in gw.graph.reads} == {"wamid.SLOW"}
+    await asyncio.sleep(0.3)
+    assert len(gw.graph.reads) == shown  # the reply ended it
 
 
 MEDIA = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from channels.limiter import KeyedLimiter
 from channels.slack.chunk import sections
 from channels.slack.client import SlackApi
 from channels.slack.format import to_mrkdwn
@@ -40,6 +41,9 @@ __all__ = ["Live", "Preview"]
 log = logging.getLogger(__name__)
 UPDATE_INTERVAL = 1.0
 STREAM_INTERVAL = 0.5
+# chat.update is Tier 3 (50+ a minute per workspace): previews edit within 40, leaving room for
+# the final replies that replace them
+PREVIEW_EDITS_PER_MINUTE = 40
 PREVIEWS_MAX = 1000
 PREVIEWS_NS = "slack_preview"  # session -> its newest run's preview message, until replaced
 REACTIONS_NS = "slack_thinking"  # session -> the message its run's thinking reaction is on
@@ -93,6 +97,7 @@ class Live:
         self._previews: LRUCache[str, Preview | None] = LRUCache(PREVIEWS_MAX)  # None: none
         self._no_assistant: set[str] = set()  # channels where setStatus was refused
         self._background: set[asyncio.Task[None]] = set()  # thinking status calls
+        self._edits = KeyedLimiter(PREVIEW_EDITS_PER_MINUTE, 60.0)  # per workspace
 
     async def preview(self, key: SessionKey, run_id: str | None) -> Preview | None:
         """The finished run's preview, for its final reply to replace; from the store when
@@ -319,6 +324,9 @@ class Live:
             elif run.preview_ts is None:
                 preview = _preview(text)
                 run.preview_ts = await self._api.post(key.conversation, preview, [], key.thread)
+            elif (wait := await self._edits.take(key.account)) is not None:
+                run.last_flush = time.monotonic() + wait  # the workspace's edits are spent
+                return
             else:
                 await self._api.update(key.conversation, run.preview_ts, _preview(text), [])
         except ChannelError as exc:

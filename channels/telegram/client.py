@@ -39,7 +39,11 @@ def bot_id_of(token: str) -> str:
 
 
 def is_parse_error(exc: ChannelError) -> bool:
-    return exc.code == "bad_request" and "can't parse entities" in str(exc).lower()
+    """Telegram could not read our markup: "can't parse entities: ...", as documented, or any
+    other 400 about parsing or entities (the wording is not a contract; a markup error
+    mistaken for another failed the part for good instead of sending it plain)."""
+    text = str(exc).lower()
+    return exc.code == "bad_request" and ("parse" in text or "entit" in text)
 
 
 class TelegramClient:

@@ -24,7 +24,7 @@ from functools import partial
 from cachetools import LRUCache
 from telegram.constants import ChatAction, ParseMode
 
-from channels.telegram.client import BLOCKED, TelegramClient
+from channels.telegram.client import BLOCKED, TelegramClient, is_parse_error
 from channels.telegram.markdown import render
 from channels.telegram.parse import quoted
 from core.errors import ChannelError, StoreError
@@ -216,7 +216,7 @@ class Live:
                 )
                 return
             except ChannelError as exc:
-                if exc.code not in ("not_found", "bad_request") or "parse" in str(exc).lower():
+                if exc.code not in ("not_found", "bad_request") or is_parse_error(exc):
                     raise
                 log.info("sendMessageDraft unavailable (%s); previews edit messages instead", exc)
                 self._drafts = state.draft = False

@@ -1,10 +1,10 @@
 """Telegram updates → normalized messages, with small pydantic models (no PTB objects on the
 webhook path: Update.de_json costs ~200 µs, these models a few µs).
 
-Session keys: conversation = chat id; thread = message_thread_id only for forum topics;
-account = the bot id; platform_id = "<update_id>:<message_id>", so a redelivered update
-(webhook retry, or getUpdates after a crash) is the same id and is stored once, and the
-Telegram message id stays known for replying to it in groups.
+Session keys: conversation = chat id; thread = message_thread_id only for topics (of forums
+and private chats); account = the bot id; platform_id = "<update_id>:<message_id>", so a
+redelivered update (webhook retry, or getUpdates after a crash) is the same id and is stored
+once, and the Telegram message id stays known for replying to it in groups.
 """
 
 from __future__ import annotations
@@ -237,7 +237,10 @@ def _rows(markup: dict[str, object] | None) -> list[list[object]]:
 
 
 def _thread(msg: Message) -> str | None:
-    if msg.chat.is_forum and msg.is_topic_message and msg.message_thread_id is not None:
+    """A topic: of a forum supergroup, or of a private chat (Bot API 9.3). In other groups
+    message_thread_id names a reply thread, which is no conversation of its own."""
+    topics = msg.chat.is_forum or msg.chat.type == "private"
+    if topics and msg.is_topic_message and msg.message_thread_id is not None:
         return str(msg.message_thread_id)
     return None
 

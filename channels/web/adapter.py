@@ -24,6 +24,7 @@ from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from channels.base import BadInput
+from core.agent.builtin import BUTTON_VALUE_MAX
 from core.errors import StoreError
 from core.models import InboundMessage, MessageKind, OutboundPart, Sender, SessionKey
 from core.policies import KvWatchingStore, NotifyingStore
@@ -59,7 +60,7 @@ class _PostBody(BaseModel):
 
     text: str = Field(min_length=1, max_length=4000)
     client_id: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.:-]+$")
-    button: str | None = Field(default=None, max_length=200)
+    button: str | None = Field(default=None, max_length=BUTTON_VALUE_MAX)
 
 
 class WebChat:

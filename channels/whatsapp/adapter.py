@@ -56,6 +56,7 @@ OUTPUT_RULES = (
 NS_NOTIFIED = "whatsapp.notified"  # wamids of unsupported messages already answered
 MENU_TEXT_MAX = 100  # longer texts are never read as a menu choice
 TYPING_REFRESH_S = 20.0  # the indicator disappears after 25 s
+TYPING_MAX_S = 600.0  # shown again for at most this long
 RECENT_MAX = 4096
 _CHALLENGE = re.compile(r"[0-9A-Za-z_-]{1,256}")  # documented as an int; echoed, so kept tame
 
@@ -84,7 +85,7 @@ class WhatsAppAdapter:
         self._tasks: set[asyncio.Task[None]] = set()
         self._notifying: set[str] = set()  # unsupported messages being answered now
         self._turns = Turns()
-        self._typing: dict[str, tuple[str, float]] = {}  # session → (wamid, monotonic time)
+        self._typing: dict[str, asyncio.Task[None]] = {}  # session → its indicator, kept up
         self._recent: LRUCache[str, None] = LRUCache(RECENT_MAX)  # stored wamids: no refetch
 
     # HttpRoutes and Lifecycle
@@ -220,23 +221,30 @@ class WhatsAppAdapter:
         return await self._sender.send(key, part)
 
     async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
-        """Mark the message answered read (and all before it) and show the typing indicator."""
-        self._mark_read(key, newest.platform_id)
+        """Mark the message answered read (and all before it) and show the typing indicator,
+        shown again before it lapses for as long as the run goes on (tool calls, a slow
+        model: the person sees nothing else)."""
+        self._stop_typing(key)
+        self._typing[str(key)] = self._spawn(self._keep_typing(key, newest.platform_id))
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
-        """WhatsApp cannot edit a message, so nothing streams; keep the indicator alive."""
-        typing = self._typing.get(str(key))
-        if typing is not None and time.monotonic() - typing[1] > TYPING_REFRESH_S:
-            self._mark_read(key, typing[0])
+        """WhatsApp cannot edit a message, so nothing streams (the indicator goes on)."""
+        return None
 
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
-        """The reply (or its absence) ends the indicator; stop refreshing it."""
-        self._typing.pop(str(key), None)
+        """The reply (or its absence) ends the indicator; stop showing it again."""
+        self._stop_typing(key)
 
-    def _mark_read(self, key: SessionKey, wamid: str) -> None:
-        self._typing[str(key)] = (wamid, time.monotonic())
+    async def _keep_typing(self, key: SessionKey, wamid: str) -> None:
         payload = {"status": "read", "message_id": wamid, "typing_indicator": {"type": "text"}}
-        self._spawn(self._quietly(key, self._sender.call(key.account, payload)))
+        until = time.monotonic() + TYPING_MAX_S  # a run that never said it ended
+        while time.monotonic() < until:
+            await self._quietly(key, self._sender.call(key.account, payload))
+            await asyncio.sleep(TYPING_REFRESH_S)
+
+    def _stop_typing(self, key: SessionKey) -> None:
+        if (task := self._typing.pop(str(key), None)) is not None:
+            task.cancel()
 
     async def _quietly(self, key: SessionKey, call: Coroutine[Any, Any, Any]) -> None:
         try:
@@ -244,10 +252,11 @@ class WhatsAppAdapter:
         except ChannelError as exc:
             log.warning("typing indicator failed: %s", exc, extra=_extra(key))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 def _rid(msg: InboundMessage) -> str:

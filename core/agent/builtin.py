@@ -9,13 +9,17 @@ from pydantic import BaseModel, Field
 from core.agent.tools import ToolContext
 from core.models import Button
 
-__all__ = ["SendButtons"]
+__all__ = ["BUTTON_VALUE_MAX", "SendButtons"]
+
+BUTTON_VALUE_MAX = 256  # what a press sends back; each channel carries this much
 
 
 class ButtonArg(BaseModel):
     label: str = Field(min_length=1, max_length=80, description="What the button says.")
     value: str = Field(
-        default="", max_length=256, description="What pressing it sends back (default: label)."
+        default="",
+        max_length=BUTTON_VALUE_MAX,
+        description="What pressing it sends back (default: label).",
     )
 
 
