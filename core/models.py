@@ -71,6 +71,12 @@ class InboundMessage(BaseModel):
     command: str | None = None  # for kind=command: the name without the slash
     button_value: str | None = None  # for kind=button: the value of the pressed button
     reply_to: str | None = None  # platform id of the quoted message
+    # a conversation several people write in (a group chat, a channel's thread): the model is
+    # told who wrote each message
+    shared: bool = False
+    # what the platform says of the message beyond its text, for the model ("in reply to: …",
+    # "forwarded from …")
+    notes: tuple[str, ...] = ()
     received_at: float = Field(default_factory=time.time)
 
 

@@ -74,6 +74,9 @@ Responder = Callable[[dict[str, Any]], Step | Awaitable[Step]]
 _USER = re.compile(r"<user_message>\n?(.*?)\n?</user_message>", re.DOTALL)
 
 
+_FROM = re.compile(r"^\[from: [^\n]*\]$")
+
+
 def last_user_text(body: dict[str, Any]) -> str:
     """The text of the newest user message, without the <user_message> wrapping."""
     for m in reversed(body.get("messages", [])):
@@ -84,7 +87,10 @@ def last_user_text(body: dict[str, Any]) -> str:
 
 
 def _echo(body: dict[str, Any]) -> Step:
-    return Text(f"echo: {last_user_text(body)}")
+    """What the people wrote; not who wrote it in a group (the "[from: …]" lines: tests of
+    that read the requests), so tests of where answers go compare the texts alone."""
+    said = [line for line in last_user_text(body).split("\n") if not _FROM.match(line)]
+    return Text("echo: " + "\n".join(said))
 
 
 @dataclass

@@ -193,6 +193,12 @@ async def test_collected_messages_are_answered_each(kb: KnowledgeBase) -> None:
     assert outcome.tool_calls == 2
 
 
+async def test_in_a_group_the_words_are_searched_not_the_names(kb: KnowledgeBase) -> None:
+    outcome = await ask(kb, "[from: Prices Lima, id 11]\nhello", "[from: Bob, id 22]\nhours?")
+    assert _CITATION.findall(outcome.text) == [HOURS]
+    assert outcome.tool_calls == 1
+
+
 async def test_collected_messages_greeting_and_question(kb: KnowledgeBase) -> None:
     outcome = await ask(kb, "hello", "where is the shop?")
     assert _CITATION.findall(outcome.text) == [LOCATION]

@@ -15,6 +15,7 @@ from aiohttp import web
 from core.agent.http_tools import HttpTool, HttpToolSpec
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelRequest, ModelResponse, ToolCall
+from core.agent.prompt import describe_inbound
 from core.agent.tools import ToolRegistry
 from core.models import InboundMessage, MessageKind, Sender
 from core.sessions import AgentProfile, DeliveryPolicy, SessionManager
@@ -129,3 +130,26 @@ def _msg(text: str, pid: str) -> InboundMessage:
         platform_id=pid,
         kind=MessageKind.MESSAGE,
     )
+
+
+def test_the_model_reads_who_wrote_in_a_shared_conversation_and_what_a_press_sends() -> None:
+    def inbound(**fields: Any) -> InboundMessage:
+        base = {"channel": "t", "conversation": "c", "platform_id": "1"}
+        return InboundMessage(**{**base, **fields})
+
+    alone = inbound(sender=Sender(id="11", name="Alice"), text="hi")
+    assert describe_inbound(alone) == "hi"  # one person: no need to say who
+    named = inbound(sender=Sender(id="11", name="Alice\n]Lima"), text="hi", shared=True)
+    assert describe_inbound(named) == "[from: Alice ]Lima, id 11]\nhi"
+    unnamed = inbound(sender=Sender(id="U1"), text="hi", shared=True)
+    assert describe_inbound(unnamed) == "[from: id U1]\nhi"
+    admins = inbound(sender=Sender(id="-100", name="Shop", anonymous=True), text="x", shared=True)
+    assert describe_inbound(admins).startswith("[from: Shop (anonymous)]\n")
+    press = inbound(
+        sender=Sender(id="11"), text="Saturday", kind=MessageKind.BUTTON, button_value="slot=4711"
+    )
+    assert describe_inbound(press) == "[pressed the button: Saturday (value: slot=4711)]"
+    same = inbound(sender=Sender(id="11"), text="Yes", kind=MessageKind.BUTTON, button_value="Yes")
+    assert describe_inbound(same) == "[pressed the button: Yes]"
+    noted = inbound(sender=Sender(id="11"), text="this one?", notes=("in reply to:\n«B»",))
+    assert describe_inbound(noted) == "[in reply to: «B»]\nthis one?"

@@ -305,7 +305,7 @@ async def test_steer_leaves_a_confirm_press_to_open_the_next_turn(
     await settle(rig)
     assert rig.outlet.texts() == [
         "echo: first",
-        "echo: [pressed the button: Confirm] | and this",
+        "echo: [pressed the button: Confirm (value: confirm:0badc0de)] | and this",
     ]
 
 

@@ -74,22 +74,27 @@ async def delivery(
             await asyncio.sleep(0.05)
 
 
-async def test_dm_is_answered_in_the_dm(gw: SlackGateway, slack: FakeSlack) -> None:
+async def test_dm_is_answered_in_the_dm(
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
     r = await gw.post(event(message(DM, "hello &amp; welcome")))
     assert r.status_code == 200
     posted = await slack.wait_for(lambda: slack.posted(DM))
     assert texts(posted) == ["echo: hello &amp; welcome"]
     assert posted[0]["thread_ts"] is None
     assert slack.problems == []
+    assert "[from:" not in json.dumps(fake_openai.requests)  # one person: no need to say who
 
 
 async def test_mention_in_a_channel_is_answered_in_its_thread(
-    gw: SlackGateway, slack: FakeSlack
+    gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:
     await gw.post(mention("what time is it?", ts="1750000100.000200"))
     posted = await slack.wait_for(lambda: slack.posted(CHAN))
     assert posted[0]["thread_ts"] == "1750000100.000200"
     assert posted[0]["text"] == "echo: what time is it?"
+    # anyone in the channel may write in the thread: the model is told who wrote
+    assert last_user_text(fake_openai.requests[-1]).startswith("[from: id U0USER0001]\n")
 
 
 async def test_threads_are_isolated_sessions(

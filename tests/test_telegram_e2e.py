@@ -4,7 +4,9 @@ gateway, a fake model, and the fake Bot API checking everything the adapter send
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -90,10 +92,14 @@ async def test_group_mention_gating(gw: Gateway, tg: FakeTelegram, fake_openai: 
     await gw.deliver(tg.message(ANA, "/help@switchboard_test_bot", chat=GROUP))
     await until(lambda: len(tg.in_chat(chat)) == 3)
     second, help_ = tg.in_chat(chat)[1:]
-    assert second.text == "echo: and tomorrow?"
+    quote = "[in reply to your message: «echo: what time is it?»]"  # what "and tomorrow" is about
+    assert second.text == f"echo: {quote}\nand tomorrow?"
     assert second.reply_to == reply["message"]["message_id"]
     assert help_.text == HELP_REPLY
-    assert user_texts(fake_openai) == ["what time is it?", "and tomorrow?"]
+    assert user_texts(fake_openai) == [  # who wrote each message, in a group
+        "[from: Bob, id 222222]\nwhat time is it?",
+        f"[from: Ana, id 111111]\n{quote}\nand tomorrow?",
+    ]
     assert len(gw.inbox()) == 3
 
 
@@ -209,13 +215,35 @@ async def test_button_round_trip(gw: Gateway, tg: FakeTelegram, fake_openai: Fak
     await gw.deliver(press)
     await until(lambda: len(tg.in_chat(ANA.id)) == 2 and len(tg.answered) == 1)
     assert tg.answered == [press["callback_query"]["id"]]
-    assert tg.in_chat(ANA.id)[1].text == "you chose: [pressed the button: Later]"
+    said = tg.in_chat(ANA.id)[1].text
+    assert said == f"you chose: [pressed the button: Later (value: {long_value})]"
     stored = gw.inbox()[-1][1]
     assert (stored["kind"], stored["text"], stored["button_value"]) == (
         "button",
         "Later",
         long_value,
     )
+
+
+async def test_a_press_whose_stored_value_is_gone_never_shows_our_token(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """A value too long for callback_data is kept in the store under a token; when it is gone
+    (the store was replaced), the model used to read the token as what was pressed."""
+    buttons = [{"label": "Later", "value": "later-" + "x" * 80}]
+    fake_openai.script(
+        ToolCalls([("send_buttons", json.dumps({"buttons": buttons}))]),
+        Text("Shall I book it?"),
+    )
+    await gw.deliver(tg.message(ANA, "book a table"))
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    [question] = tg.in_chat(ANA.id)
+    token = question.buttons()[0]["callback_data"]
+    with contextlib.closing(sqlite3.connect(gw.db)) as db, db:
+        db.execute("DELETE FROM channel_state WHERE key = ?", (token,))
+    await gw.deliver(tg.press(ANA, question, token))
+    await until(lambda: len(tg.in_chat(ANA.id)) == 2)
+    assert last_user_text(fake_openai.requests[-1]) == "[pressed the button: Later]"
 
 
 async def test_a_button_tapped_twice_is_one_turn(
@@ -236,7 +264,9 @@ async def test_a_button_tapped_twice_is_one_turn(
         await gw.deliver(tap)
     await until(lambda: len(tg.in_chat(ANA.id)) == 2 and len(tg.answered) == 2)
     await asyncio.sleep(0.6)
-    assert [m.text for m in tg.in_chat(ANA.id)][1:] == ["you chose: [pressed the button: Yes]"]
+    assert [m.text for m in tg.in_chat(ANA.id)][1:] == [
+        "you chose: [pressed the button: Yes (value: y)]"
+    ]
     assert len(fake_openai.requests) == 3  # the tool call, the question, one answer
     assert sorted(tg.answered) == sorted(t["callback_query"]["id"] for t in taps)
 

@@ -208,3 +208,38 @@ def test_parsing_is_fast_enough_for_the_webhook_path() -> None:
         normalize(Update.model_validate_json(raw), ME, MENTION)
     per_update = (time.perf_counter() - start) / 2000
     assert per_update < 200e-6  # Update.de_json alone costs about this much
+
+
+def test_the_model_reads_link_addresses_forwards_and_what_a_reply_answers() -> None:
+    text = "read 👉 this and that"  # the emoji is two UTF-16 units: offsets count units
+    update = Update.model_validate(
+        {
+            "update_id": 1,
+            "message": {
+                "message_id": 5,
+                "chat": {"id": 111111, "type": "private"},
+                "from": {"id": 111111, "first_name": "Ana"},
+                "text": text,
+                "entities": [
+                    {"type": "text_link", "offset": 8, "length": 4, "url": "https://x.test/991"},
+                    {"type": "bold", "offset": 13, "length": 3},
+                ],
+                "forward_origin": {"type": "hidden_user", "sender_user_name": "Luis P."},
+                "reply_to_message": {
+                    "message_id": 4,
+                    "from": {"id": 123456789, "is_bot": True, "first_name": "Bot"},
+                    "text": "Option B: " + "b" * 400,
+                },
+            },
+        }
+    )
+    incoming = normalize(update, ME, MENTION)
+    assert incoming is not None
+    msg = incoming.message
+    assert msg.text == "read 👉 this (https://x.test/991) and that"
+    assert msg.notes[0] == "forwarded from Luis P."
+    assert msg.notes[1].startswith("in reply to your message: «Option B: bbb")
+    assert msg.notes[1].endswith("…»")
+    assert len(msg.notes[1]) < 360
+    person = parse("group_reply_to_person")
+    assert person is None or all("your message" not in n for n in person.notes)

@@ -129,7 +129,8 @@ async def test_buttons_beyond_the_limits_are_a_menu_answered_by_number(
     )
     await gw.notify(text_message("2", mid="wamid.B"))
     await until(lambda: len(gw.graph.texts(USER)) == 2)
-    assert last_user_text(fake_openai.requests[-1]) == f"[pressed the button: {labels[1]}]"
+    chosen = last_user_text(fake_openai.requests[-1])
+    assert chosen == f"[pressed the button: {labels[1]} (value: v-1)]"
     await gw.notify(text_message("2", mid="wamid.C"))  # that reply had no menu: a plain "2"
     await until(lambda: len(gw.graph.texts(USER)) == 3)
     assert last_user_text(fake_openai.requests[-1]) == "2"

@@ -143,9 +143,10 @@ EXPECTED = {
     "sticker": "[attachment sticker sticker.webp image/webp]",
     "location": "[location: Puerta del Sol, Plaza de la Puerta del Sol, Madrid (40.4168, -3.7038)]",
     "contacts": "[contact: Luis Pérez, +34 600 000 001]",
-    "button_reply": "[pressed the button: 10:00]",
-    "list_reply": "[pressed the button: Medium]",
-    "template_button": "[pressed the button: Continue]",
+    # the model reads the value too: flows use values as ids (slots, sizes, orders)
+    "button_reply": "[pressed the button: 10:00 (value: slot-10am)]",
+    "list_reply": "[pressed the button: Medium (value: size-m)]",
+    "template_button": "[pressed the button: Continue (value: talk-to-us)]",
     "reaction": "[reacted with 👍 to wamid.OUT4]",
     "edit": "[edited an earlier message] Hello, do you deliver on Saturdays?",
 }
@@ -173,7 +174,7 @@ async def test_a_button_tapped_twice_is_one_turn(gw: Gateway, fake_openai: FakeO
         assert (await gw.notify(tap)).status_code == 200
     await until(lambda: gw.graph.texts(USER))
     await asyncio.sleep(0.5)
-    assert gw.graph.texts(USER) == ["echo: [pressed the button: 10:00]"]
+    assert gw.graph.texts(USER) == ["echo: [pressed the button: 10:00 (value: slot-10am)]"]
     assert len(fake_openai.requests) == 1
 
 

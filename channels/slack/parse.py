@@ -89,6 +89,7 @@ def parse_event(
         sender=Sender(id=user, name=_profile_name(event.get("user_profile"))),
         text=plain_text(text, bot_user_id),
         platform_id=f"{channel}:{ts}",
+        shared=thread is not None,  # a channel's thread: anyone in the channel may write
     )
     return Incoming(message, _files(event.get("files")), joins, needs_joined)
 
@@ -123,6 +124,7 @@ def parse_action(payload: dict[str, Any]) -> Incoming | None:
         kind=MessageKind.BUTTON,
         button_value=value,
         reply_to=message_ts,  # the message the buttons are on
+        shared=thread is not None,
     )
     return Incoming(message)
 

@@ -56,6 +56,7 @@ NO_IDENTITY = "no_identity"
 EDITS_NS = "telegram_versions"  # chat:message id → digest of its last text and files
 _TYPED = (MessageKind.MESSAGE, MessageKind.EDIT)
 ALBUMS_NS = "telegram_albums"  # media_group_id → "1": an album addressed to the bot
+STALE_BUTTON = "a button whose choice is no longer known"  # its stored value is gone
 ALBUMS_MAX = 10_000
 ANSWERED_MAX = 10_000  # button presses answered lately: a redelivered one is not answered again
 OUTPUT_RULES = (
@@ -207,7 +208,9 @@ class TelegramAdapter:
             value = await self._ctx.store.kv_get(CALLBACK_NS, msg.button_value)
             if value is not None:
                 text = value if msg.text == msg.button_value else msg.text
-                msg = msg.model_copy(update={"button_value": value, "text": text})
+            else:  # a button of ours whose value is gone: never show the model our token
+                text = STALE_BUTTON if msg.text == msg.button_value else msg.text
+            msg = msg.model_copy(update={"button_value": value, "text": text})
         if incoming.media:
             attachments = await fetch_all(
                 incoming.media,

@@ -50,12 +50,33 @@ class Entity(_Model):
     offset: int
     length: int
     user: User | None = None
+    url: str | None = None  # of a text_link: words that link somewhere
 
 
 class Replied(_Model):
     message_id: int
     from_: User | None = Field(default=None, alias="from")
     forum_topic_created: dict[str, object] | None = None
+    text: str | None = None
+    caption: str | None = None
+
+
+class Origin(_Model):
+    """Where a forwarded message first came from (forward_origin)."""
+
+    type: str
+    sender_user: User | None = None
+    sender_user_name: str | None = None
+    sender_chat: dict[str, object] | None = None
+    chat: dict[str, object] | None = None
+
+    @property
+    def name(self) -> str:
+        if self.sender_user is not None:
+            return _sender(self.sender_user).name or "someone"
+        chat = self.sender_chat or self.chat or {}
+        title = chat.get("title")
+        return self.sender_user_name or (title if isinstance(title, str) else "") or "someone"
 
 
 class Message(_Model):
@@ -70,6 +91,7 @@ class Message(_Model):
     entities: list[Entity] = Field(default_factory=list)
     caption_entities: list[Entity] = Field(default_factory=list)
     reply_to_message: Replied | None = None
+    forward_origin: Origin | None = None
     photo: list[dict[str, object]] = Field(default_factory=list)
     voice: dict[str, object] | None = None
     audio: dict[str, object] | None = None
@@ -165,6 +187,7 @@ def normalize(
         return None
     text = msg.text if msg.text is not None else (msg.caption or "")
     entities = msg.entities if msg.text is not None else msg.caption_entities
+    text = _with_links(text, entities)
     command, target = None, None
     if kind is MessageKind.MESSAGE and (m := _COMMAND.match(text)):
         command, target = m.group(1).lower(), m.group(2)
@@ -197,6 +220,8 @@ def normalize(
         kind=MessageKind.COMMAND if command is not None else kind,
         command=command,
         reply_to=str(replied.message_id) if replied and _real_reply(msg) else None,
+        shared=group,
+        notes=_notes(msg, me),
     )
     return Incoming(inbound, media)
 
@@ -227,6 +252,7 @@ def _button(update_id: int, cb: Callback, me: Identity) -> Incoming | None:
         kind=MessageKind.BUTTON,
         button_value=cb.data,
         reply_to=str(msg.message_id),  # the message the buttons are on
+        shared=msg.chat.in_a_group,
     )
     return Incoming(inbound)
 
@@ -252,6 +278,52 @@ ANONYMOUS_SENDERS = frozenset({1087968824, 136817688})  # GroupAnonymousBot, Cha
 def _sender(user: User) -> Sender:
     name = " ".join(p for p in (user.first_name, user.last_name) if p) or user.username
     return Sender(id=str(user.id), name=name, anonymous=user.id in ANONYMOUS_SENDERS)
+
+
+QUOTE_MAX = 300  # characters of a replied-to message the model reads
+
+
+def _notes(msg: Message, me: Identity) -> tuple[str, ...]:
+    """What the model should know beyond the text: where a forward came from, what a reply
+    answers (the words it refers to, "this one", are in the message replied to)."""
+    notes = []
+    if msg.forward_origin is not None:
+        notes.append(f"forwarded from {msg.forward_origin.name}")
+    replied = msg.reply_to_message
+    if replied is not None and _real_reply(msg):
+        said = replied.text or replied.caption or ""
+        if len(said) > QUOTE_MAX:
+            said = said[:QUOTE_MAX] + "…"
+        author = replied.from_
+        whose = (
+            "your message"
+            if author is not None and str(author.id) == me.bot_id
+            else f"a message of {_sender(author).name or 'someone'}"
+            if author is not None
+            else "a message"
+        )
+        notes.append(f"in reply to {whose}: «{said}»" if said else f"in reply to {whose}")
+    return tuple(notes)
+
+
+def _with_links(text: str, entities: list[Entity]) -> str:
+    """The text with each text_link's address after its words ("see this (https://…)"): the
+    model reads plain text, and the address is what the person meant it to follow. Offsets
+    count UTF-16 units."""
+    links = sorted((e for e in entities if e.type == "text_link" and e.url), key=lambda e: e.offset)
+    if not links:
+        return text
+    units = text.encode("utf-16-le")
+    out, at = [], 0
+    for e in links:
+        end = (e.offset + e.length) * 2
+        if end < at * 2 or end > len(units):
+            continue  # overlapping or out of range: leave it
+        out.append(units[at * 2 : end].decode("utf-16-le", "replace"))
+        out.append(f" ({e.url})")
+        at = e.offset + e.length
+    out.append(units[at * 2 :].decode("utf-16-le", "replace"))
+    return "".join(out)
 
 
 def _real_reply(msg: Message) -> bool:

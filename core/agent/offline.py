@@ -25,6 +25,7 @@ from core.agent.model import (
     estimate_messages,
     estimate_tokens,
 )
+from core.agent.prompt import FROM_LINE
 from core.knowledge import tokenize
 
 __all__ = ["OfflineModel"]
@@ -122,7 +123,7 @@ def _read_turn(
     for m in messages[first_user : last_user + 1]:
         found = _USER.findall(m.content or "")
         texts.extend(found or [m.content or ""])
-    texts = [t.strip() for t in texts if t.strip()]
+    texts = [said for t in texts if (said := FROM_LINE.sub("", t).strip())]  # words, not names
     searches: list[tuple[str, list[dict[str, Any]]]] = []
     for m in messages[last_user + 1 :]:
         if m.role == "tool" and m.name == SEARCH_TOOL:
