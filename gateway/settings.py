@@ -427,7 +427,9 @@ def _covered(key: str, unset: list[tuple[str, str]]) -> bool:
     return False
 
 
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# "$${" (a literal "${"), a reference, or a "${" that starts none (a typo: refused, never kept
+# as the text itself, which would make "${SECRET" the secret)
+_VAR = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$\{")
 
 
 def _interpolate(
@@ -444,6 +446,13 @@ def _interpolate(
 
     def repl(m: re.Match[str]) -> str:
         name, default = m.group(1), m.group(2)
+        if m.group(0) == "$${":
+            return "${"
+        if name is None:
+            problems.append(
+                (key, "a ${ that starts no ${NAME} or ${NAME:-default} (write $${ for the text)")
+            )
+            return m.group(0)
         value = env.get(name)
         if default is not None and not value:  # shell semantics: unset or empty
             return default

@@ -158,6 +158,30 @@ def test_missing_variable_is_a_problem_naming_the_key(
     assert "SB_TEST_MISSING_TOKEN" in problems[0][1]
 
 
+@pytest.mark.parametrize(
+    "written", ["${SB_SECRET", "${}", "${SB SECRET}", "${1SECRET}", "${X-dflt}", "${X:?required}"]
+)
+def test_a_malformed_reference_is_a_problem_not_the_secret_itself(
+    tmp_path: Path, written: str
+) -> None:
+    """Kept as text, "${SLACK_SIGNING_SECRET" (a brace missing) became the signing secret,
+    and anyone who guessed the typo could sign requests."""
+    problems = problems_of(
+        write(
+            tmp_path,
+            '[channels.slack]\nenabled = true\nbot_token = "xoxb-1"\n'
+            f'signing_secret = "{written}"\n',
+        )
+    )
+    assert [key for key, _ in problems] == ["channels.slack.signing_secret"]
+    assert "${NAME}" in problems[0][1]
+
+
+def test_a_literal_dollar_brace_is_written_doubled(tmp_path: Path) -> None:
+    s = load_settings(write(tmp_path, '[agent]\ninstructions = "Prices look like $${amount}."\n'))
+    assert s.agent.instructions == "Prices look like ${amount}."
+
+
 def test_a_missing_variable_does_not_hide_the_other_problems(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
