@@ -17,7 +17,7 @@ from channels.telegram.settings import TelegramSettings
 from channels.whatsapp.client import GraphClient
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import SwitchboardError
-from gateway.agents_config import ModelEndpoint
+from gateway.agents_config import DEFAULT_AGENT, ModelEndpoint
 from gateway.settings import Settings
 from providers.anthropic import ANTHROPIC_VERSION, DEFAULT_BASE_URL
 
@@ -35,10 +35,10 @@ class Probe:
 
 # the key whose value each check tries, named when it fails
 _KEYS = {
-    "telegram getMe": "channels.telegram.token",
-    "slack auth.test": "channels.slack.bot_token",
-    "slack app_token (Socket Mode)": "channels.slack.app_token",
-    "whatsapp phone number": "channels.whatsapp.access_token, channels.whatsapp.phone_number_id",
+    "telegram": "channels.telegram.token",
+    "slack": "channels.slack.bot_token",
+    "slack socket": "channels.slack.app_token",
+    "whatsapp": "channels.whatsapp.access_token, channels.whatsapp.phone_number_id",
 }
 
 
@@ -58,33 +58,37 @@ def webhook_urls(settings: Settings) -> list[tuple[str, str]]:
 
 async def probe_all(settings: Settings) -> list[Probe]:
     """Try every enabled channel's credentials and every configured model; never raises."""
-    checks: list[tuple[str, Callable[[], Awaitable[str]]]] = []
+    checks: list[tuple[str, Callable[[], Awaitable[str]], str]] = []  # name, check, its keys
     if settings.store.url.startswith("postgres"):
-        checks.append(("store (PostgreSQL)", lambda: _postgres(settings.store.url)))
+        checks.append(("store (PostgreSQL)", lambda: _postgres(settings.store.url), "store.url"))
     c = settings.channels
     if c.telegram.enabled:
-        checks.append(("telegram getMe", lambda: _telegram(c.telegram)))
+        checks.append(("telegram getMe", lambda: _telegram(c.telegram), _KEYS["telegram"]))
     if c.slack.enabled:
-        checks.append(("slack auth.test", lambda: _slack(c.slack)))
+        checks.append(("slack auth.test", lambda: _slack(c.slack), _KEYS["slack"]))
         if c.slack.mode == "socket":
-            checks.append(("slack app_token (Socket Mode)", lambda: _slack_socket(c.slack)))
+            check = ("slack app_token (Socket Mode)", lambda: _slack_socket(c.slack))
+            checks.append((*check, _KEYS["slack socket"]))
     if c.whatsapp.enabled:
-        checks.append(("whatsapp phone number", lambda: _whatsapp(c.whatsapp)))
+        checks.append(("whatsapp phone number", lambda: _whatsapp(c.whatsapp), _KEYS["whatsapp"]))
     seen: set[str] = set()
     for name, agent in settings.resolved_agents().items():
+        section = "model" if name == DEFAULT_AGENT else f"agents.{name}.model"
         for label, endpoint in (("model", agent.model), ("fallback", agent.model.fallback)):
             if endpoint is None or endpoint.provider in ("offline", "scripted"):
                 continue
             ident = f"{endpoint.provider}:{endpoint.base_url}:{endpoint.name}"
             if ident not in seen:
                 seen.add(ident)
-                checks.append((f"{label} of {name} ({endpoint.provider})", _model_check(endpoint)))
-    probes = await asyncio.gather(*(_run(name, check) for name, check in checks))
+                at = section if label == "model" else f"{section}.fallback"
+                keys = ", ".join(f"{at}.{k}" for k in ("base_url", "api_key", "name"))
+                checks.append(
+                    (f"{label} of {name} ({endpoint.provider})", _model_check(endpoint), keys)
+                )
+    probes = await asyncio.gather(*(_run(name, check) for name, check, _ in checks))
     return [
-        p
-        if p.ok or p.name not in _KEYS
-        else Probe(p.name, False, f"{p.detail} (check {_KEYS[p.name]})")
-        for p in probes
+        p if p.ok else Probe(p.name, False, f"{p.detail} (check {keys})")
+        for p, (_, _, keys) in zip(probes, checks, strict=True)
     ]
 
 

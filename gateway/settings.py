@@ -551,6 +551,9 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     url = s.server.public_url
     if url is not None and (problem := url_problem(url)):
         p.append(("server.public_url", problem))
+    elif url is not None and ("?" in url or "#" in url):
+        # the webhook addresses are built by adding /webhooks/... to it
+        p.append(("server.public_url", "no ?query or #fragment: the routes' paths go after it"))
 
     for name in PLATFORM_CHANNELS:
         p.extend(getattr(s.channels, name).problems(s.server.public_url))

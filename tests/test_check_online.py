@@ -72,6 +72,9 @@ async def test_bad_credentials_fail_their_check(tmp_path: Path, fakes: Fakes) ->
     assert "(check channels.telegram.token)" in probes["telegram getMe"].detail
     assert not probes["model of default (openai)"].ok
     assert "refused the key" in probes["model of default (openai)"].detail
+    # each failure names the keys to look at, the model's too (it named none)
+    keys = "(check model.base_url, model.api_key, model.name)"
+    assert probes["model of default (openai)"].detail.endswith(keys)
     assert probes["slack auth.test"].ok
 
 

@@ -921,6 +921,11 @@ def test_a_rule_across_keys_names_the_variable_that_broke_it(tmp_path: Path) -> 
         ('[model]\nprovider = "openai"\nname = "m"\nbase_url = "http://"\n', "model.base_url"),
         (WHATSAPP_OK + 'api_base = "not a url"\n', "channels.whatsapp.api_base"),
         (TELEGRAM_OK + 'api_base = "https://:99999"\n', "channels.telegram.api_base"),
+        # the webhook URLs printed were "https://h/?utm=1#top/webhooks/whatsapp"
+        ('[server]\npublic_url = "https://bot.example.test/?utm=1#top"\n', "server.public_url"),
+        ('[server]\npublic_url = "https://bot.example.test/#"\n', "server.public_url"),
+        (WHATSAPP_OK + 'api_version = "latest"\n', "channels.whatsapp.api_version"),
+        (WHATSAPP_OK + 'api_version = "21"\n', "channels.whatsapp.api_version"),
     ],
 )
 def test_a_url_without_a_host_is_refused(tmp_path: Path, toml: str, key: str) -> None:

@@ -5,7 +5,8 @@ the one that runs its turn. The replica that sends a reply announces it to every
 (`kv_set(..., announce=True)`: a NOTIFY, which the sender ignores), and each other replica
 with a stream open for that browser reads the replies it has not shown from the transcript and
 sends them on. Typing and streamed
-previews stay with the replica that runs the turn; every reply reaches every open page.
+previews stay with the replica that runs the turn, and a message one tab posts is shown live
+only by the replica that took it; every reply reaches every open page.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class WhatsAppSettings(ChannelSection):
     verify_token: SecretStr | None = secret()
     phone_number_id: str | None = secret()  # the primary business number
     api_base: str = "https://graph.facebook.com"
-    api_version: str = "v21.0"
+    api_version: str = Field(default="v21.0", pattern=r"^v\d{1,3}\.\d{1,2}$")  # as "v21.0"
 
     # more business numbers served by the same app (same token); each has its own sessions
     phone_number_ids: list[str] = Field(default_factory=list)
