@@ -15,6 +15,7 @@ from core.agent.loop import (
     APOLOGY_LIMIT,
     APOLOGY_MODEL,
     APOLOGY_TIMEOUT,
+    CUT_RESULT,
     AgentEvent,
     AgentLoop,
     Done,
@@ -65,6 +66,19 @@ class Add:
 
 class NoArgs(BaseModel):
     pass
+
+
+class Rows:
+    """A lookup whose answer is large, yet small enough to go inline (under 4,000 characters)."""
+
+    name: ClassVar[str] = "rows"
+    description: ClassVar[str] = "Reads the order rows."
+    args_model: ClassVar[type[BaseModel]] = NoArgs
+    read_only: ClassVar[bool] = True
+    timeout_s: ClassVar[float] = 1.0
+
+    async def __call__(self, args: NoArgs, ctx: ToolContext) -> Any:
+        return {"rows": "order 991 shipped; " * 190}
 
 
 class Explode:
@@ -493,6 +507,31 @@ async def test_max_tokens_shrinks_to_the_room_left() -> None:
     assert model.requests[0].max_tokens == base.max_output_tokens
     assert model.requests[1].max_tokens == room
     assert model.requests[1].tool_choice == "none"
+    assert "token_budget" in outcome.limits_hit
+
+
+async def test_tool_results_past_the_budget_are_cut_so_the_run_still_answers() -> None:
+    """Six inline results of about 900 tokens each pushed the next call past the budget: the
+    run ended with the limit apology, and the data it had fetched was thrown away."""
+    model = ScriptedModel()
+    model.add(calls(*[("rows", "{}")] * 6), text("Order 991 has shipped."))
+    limits = Limits(token_budget=5000)
+
+    outcome, events = await _run(model, limits, tools=[Rows()])
+
+    assert len(events.of(ToolStep)) == 6
+    assert [r.tool_choice for r in model.requests] == ["auto", "none"]
+    answer = model.requests[1]
+    results = [m.content or "" for m in _tool_messages(answer)]
+    assert all(r.startswith('{"rows": "order 991 shipped; ') for r in results)
+    assert all(r.endswith(CUT_RESULT) for r in results)  # all alike: none dropped whole
+    first = outcome.calls[0]
+    added = answer.messages[len(model.requests[0].messages) :]  # the call and its results
+    input_then = first["input_tokens"] + estimate_messages(list(added))
+    spent = first["input_tokens"] + first["output_tokens"]
+    assert spent + input_then + answer.max_tokens <= limits.token_budget
+    assert answer.max_tokens == limits.max_output_tokens  # room for a whole answer
+    assert outcome.text == "Order 991 has shipped."
     assert "token_budget" in outcome.limits_hit
 
 

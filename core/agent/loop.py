@@ -213,6 +213,17 @@ class AgentLoop:
             )
             final, reason = self._final_reason(step, out, tools != (), spent, est_input)
             room = lim.token_budget - spent - est_input
+            if (
+                step > 1
+                and room < lim.max_output_tokens
+                and _fit_results(messages, sent_upto, lim.max_output_tokens - room)
+            ):  # the tools' results left no room for a whole answer: cut to fit, and answer
+                # with what they say (the run used to end with nothing for them)
+                est_input = prev_input + estimate_messages(messages[sent_upto:])
+                room = lim.token_budget - spent - est_input
+                final = True
+                if "token_budget" not in out.limits_hit:
+                    out.limits_hit.append("token_budget")
             if room < smallest:  # on the first call: the message alone is past the budget
                 out.limits_hit.append("token_budget")
                 break
@@ -352,6 +363,35 @@ class AgentLoop:
         if spent + this_call + next_call > lim.token_budget:
             return True, "token_budget"
         return False, None
+
+
+CUT_RESULT = " … [cut here: the rest did not fit in this run's token budget]"
+
+
+def _fit_results(messages: list[ChatMessage], start: int, over: int) -> bool:
+    """Cut the tool results from messages[start:] by about `over` tokens, the longest to one
+    length (each keeps its beginning; the shorter ones stay whole). False: nothing to cut."""
+    newest = [i for i in range(start, len(messages)) if messages[i].role == "tool"]
+    if not newest or over <= 0:
+        return False
+    sizes = sorted(len(messages[i].content or "") for i in newest)
+    left = sum(sizes) - 4 * over - len(CUT_RESULT) * len(newest)  # characters to keep
+    cap = sizes[-1]
+    for n, size in enumerate(sizes):  # the length that keeps `left` in all
+        share = max(0, left) // (len(sizes) - n)
+        if size > share:
+            cap = share
+            break
+        left -= size
+    cut_any = False
+    for i in newest:
+        m = messages[i]
+        text = m.content or ""
+        if len(text) > cap + len(CUT_RESULT):
+            cut = text[:cap] + CUT_RESULT
+            messages[i] = ChatMessage("tool", cut, tool_call_id=m.tool_call_id, name=m.name)
+            cut_any = True
+    return cut_any
 
 
 def _failed_call(step: int, final: bool, finish: str, seconds: float) -> dict[str, Any]:
