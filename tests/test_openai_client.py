@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import socket
 import time
@@ -259,6 +260,23 @@ async def test_429_is_retried_after_retry_after(
     assert len(fake_openai.requests) == 2
     # the backoff alone would wait at most base_delay_s (0.01 s); Retry-After asks for 0.4 s
     assert elapsed >= 0.38
+
+
+async def test_a_long_retry_after_is_waited_out_in_full_or_not_at_all(
+    fake_openai: FakeOpenAI, make_client: ClientFactory, stream: bool
+) -> None:
+    """A Retry-After over 32 s was cut to 32 s: the retry came early and met another 429."""
+    assert RetryPolicy().delay(0, 40.0) == 40.0
+    fake_openai.script(Error(429, "slow down", retry_after=40.0), Text("never served"))
+    client = make_client(stream=stream)
+    request = dataclasses.replace(_request(), deadline=time.monotonic() + 30)
+    started = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        await client.complete(request)
+    assert info.value.status == 429
+    assert time.monotonic() - started < 5  # given up at once: the wait outlasts the run
+    assert len(fake_openai.requests) == 1
+    assert RetryPolicy(max_wait_s=120.0).delay(0, 600.0) == 600.0  # and past max_wait_s: raise
 
 
 async def test_500_is_retried_then_succeeds(
@@ -696,7 +714,7 @@ def test_retry_policy_delay() -> None:
     policy = RetryPolicy(attempts=3, base_delay_s=0.5, max_delay_s=8.0)
     assert policy.delay(0, 2.5) == 2.5
     assert policy.delay(5, 0.0) == 0.0
-    assert policy.delay(0, 1000.0) == 32.0  # capped at four times max_delay_s
+    assert policy.delay(0, 1000.0) == 1000.0  # as asked (with_retries gives up past max_wait_s)
     for _ in range(50):
         assert 0.25 <= policy.delay(0, None) <= 0.5
         assert 1.0 <= policy.delay(2, None) <= 2.0

@@ -23,10 +23,11 @@ class RetryPolicy:
     attempts: int = 3  # retries after the first try
     base_delay_s: float = 0.5
     max_delay_s: float = 8.0
+    max_wait_s: float = 120.0  # a Retry-After longer than this: no retry
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return min(max(float(retry_after), 0.0), self.max_delay_s * 4)
+        if retry_after is not None:  # as asked: sooner only earns another 429
+            return max(float(retry_after), 0.0)
         backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
         return backoff * (0.5 + random.random() / 2)  # jitter, not crypto
 
@@ -55,6 +56,8 @@ async def with_retries(
             if not exc.retryable or emitted or tries >= policy.attempts:
                 raise
             delay = policy.delay(tries, exc.retry_after)
+            if delay > policy.max_wait_s:
+                raise
             if deadline is not None and time.monotonic() + delay >= deadline:
                 raise
             log.info("model call failed (%s); retry %d in %.1fs", exc, tries + 1, delay)
