@@ -243,3 +243,49 @@ def test_the_model_reads_link_addresses_forwards_and_what_a_reply_answers() -> N
     assert len(msg.notes[1]) < 360
     person = parse("group_reply_to_person")
     assert person is None or all("your message" not in n for n in person.notes)
+
+
+def _private(**content: Any) -> Any:
+    message = {
+        "message_id": 9,
+        "chat": {"id": 111111, "type": "private"},
+        "from": {"id": 111111, "first_name": "Ana"},
+        **content,
+    }
+    incoming = normalize(Update.model_validate({"update_id": 2, "message": message}), ME, MENTION)
+    return None if incoming is None else incoming.message
+
+
+def test_polls_dice_checklists_games_stories_and_places_reach_the_agent_in_words() -> None:
+    """In a private chat every message is answered; these were dropped without a word."""
+    poll = {"question": "Lunch?", "options": [{"text": "Pizza"}, {"text": "Sushi"}]}
+    assert _private(poll=poll).notes == ("a poll: Lunch? (options: Pizza / Sushi)",)
+    assert _private(dice={"emoji": "🎯", "value": 6}).notes == ("threw a 🎯 and got 6",)
+    checklist = {"title": "Trip", "tasks": [{"id": 1, "text": "tickets"}]}
+    assert _private(checklist=checklist).notes == ("a checklist: Trip: tickets",)
+    assert _private(game={"title": "Tetris"}).notes == ("a game: Tetris",)
+    assert _private(story={"chat": {"id": 5}, "id": 3}).notes[0].startswith("shared a story")
+    place = {
+        "location": {"latitude": 40.4, "longitude": -3.7},
+        "venue": {"location": {}, "title": "Sol", "address": "Plaza de Sol"},
+    }
+    media = normalize(
+        Update.model_validate(
+            {
+                "update_id": 3,
+                "message": {
+                    "message_id": 9,
+                    "chat": {"id": 111111, "type": "private"},
+                    "from": {"id": 111111, "first_name": "Ana"},
+                    **place,
+                },
+            }
+        ),
+        ME,
+        MENTION,
+    )
+    assert media is not None
+    assert [m.description for m in media.media] == ["a place: Sol, Plaza de Sol (40.4, -3.7)"]
+    # service messages still start nothing
+    assert _private(forum_topic_created={"name": "Invoices", "icon_color": 1}) is None
+    assert _private(pinned_message={"message_id": 1, "chat": {"id": 1, "type": "private"}}) is None

@@ -67,7 +67,10 @@ def media_of(fields: Mapping[str, Any]) -> list[MediaRef]:
         out.append(_ref("sticker", f"a sticker{emoji}", s, "sticker.webp", mime))
     if loc := _dict(fields, "location"):
         where = f"{loc.get('latitude')}, {loc.get('longitude')}"
-        out.append(MediaRef("location", f"a location ({where})"))
+        venue = _dict(fields, "venue") or {}  # a named place: its location comes with it
+        place = ", ".join(str(venue[k]) for k in ("title", "address") if venue.get(k))
+        what = f"a place: {place} ({where})" if place else f"a location ({where})"
+        out.append(MediaRef("location", what))
     if c := _dict(fields, "contact"):
         who = " ".join(str(c[k]) for k in ("first_name", "last_name") if c.get(k))
         out.append(MediaRef("contact", f"a contact: {who}, {c.get('phone_number', '')}".strip()))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -100,7 +101,14 @@ class Message(_Model):
     document: dict[str, object] | None = None
     sticker: dict[str, object] | None = None
     location: dict[str, object] | None = None
+    venue: dict[str, object] | None = None
     contact: dict[str, object] | None = None
+    # content with nothing to download, described to the model in words
+    poll: dict[str, Any] | None = None
+    dice: dict[str, Any] | None = None
+    checklist: dict[str, Any] | None = None
+    game: dict[str, Any] | None = None
+    story: dict[str, Any] | None = None
     reply_markup: dict[str, object] | None = None
     media_group_id: str | None = None  # the photos of one album, each its own update
 
@@ -207,7 +215,8 @@ def normalize(
         text = re.sub(rf"^@{re.escape(me.username)}\b[,:]?\s*", "", text, flags=re.IGNORECASE)
     media = media_of({name: getattr(msg, name) for name in _MEDIA_FIELDS})
     replied = msg.reply_to_message
-    if not text and not media:
+    content = _content(msg)
+    if not text and not media and not content:
         return None
     inbound = InboundMessage(
         channel=CHANNEL,
@@ -221,14 +230,14 @@ def normalize(
         command=command,
         reply_to=str(replied.message_id) if replied and _real_reply(msg) else None,
         shared=group,
-        notes=_notes(msg, me),
+        notes=(*content, *_notes(msg, me)),
     )
     return Incoming(inbound, media)
 
 
 _MEDIA_FIELDS = (
     *("photo", "voice", "audio", "video", "video_note", "document", "sticker"),
-    *("location", "contact"),
+    *("location", "venue", "contact"),
 )
 
 
@@ -281,6 +290,28 @@ def _sender(user: User) -> Sender:
 
 
 QUOTE_MAX = 300  # characters of a replied-to message the model reads
+
+
+def _content(msg: Message) -> tuple[str, ...]:
+    """Polls, dice, checklists, games and stories, in words: in a private chat every message
+    is answered, and these used to be dropped without a word."""
+    if msg.poll is not None:
+        options = [str(o.get("text", "")) for o in _dicts(msg.poll.get("options"))]
+        return (f"a poll: {msg.poll.get('question', '')} (options: {' / '.join(options)})",)
+    if msg.dice is not None:
+        return (f"threw a {msg.dice.get('emoji', '🎲')} and got {msg.dice.get('value', '?')}",)
+    if msg.checklist is not None:
+        tasks = [str(t.get("text", "")) for t in _dicts(msg.checklist.get("tasks"))]
+        return (f"a checklist: {msg.checklist.get('title', '')}: {' / '.join(tasks)}",)
+    if msg.game is not None:
+        return (f"a game: {msg.game.get('title', '')}",)
+    if msg.story is not None:
+        return ("shared a story (it cannot be opened here)",)
+    return ()
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def _notes(msg: Message, me: Identity) -> tuple[str, ...]:
