@@ -93,8 +93,7 @@ class AnthropicClient(HttpModelClient):
     def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         _raise_for_status(status, headers, body)
 
-    async def _complete_once(self, payload: bytes) -> ModelResponse:
-        body = await self._post(payload)
+    def _read_once(self, body: bytes) -> ModelResponse:
         try:
             data = json.loads(body)
             content = data["content"]

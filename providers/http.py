@@ -90,9 +90,13 @@ class HttpModelClient(ABC):
 
         async def once(sink: DeltaSink) -> ModelResponse:
             try:
-                if self._stream:
-                    return await self._complete_stream(payload, sink)
-                response = await self._complete_once(payload)
+                if not self._stream:
+                    response = self._read_once(await self._post(payload))
+                else:
+                    try:
+                        return await self._complete_stream(payload, sink)
+                    except _WholeAnswer as whole:  # a server that does not stream
+                        response = self._read_once(whole.body)
             except (AttributeError, TypeError, KeyError, IndexError) as exc:
                 # valid JSON in a shape the reader did not expect (a null choice, a delta
                 # that is a string): a bad answer from the model, never a stuck session
@@ -137,8 +141,8 @@ class HttpModelClient(ABC):
         """Raise the ModelError an HTTP error status stands for; nothing below 400."""
 
     @abstractmethod
-    async def _complete_once(self, payload: bytes) -> ModelResponse:
-        """One non-streamed call, read into a ModelResponse (errors as ModelError)."""
+    def _read_once(self, body: bytes) -> ModelResponse:
+        """A non-streamed answer's body as a ModelResponse (a bad one as ModelError)."""
 
     @abstractmethod
     async def _complete_stream(self, payload: bytes, sink: DeltaSink) -> ModelResponse:
@@ -164,6 +168,8 @@ class HttpModelClient(ABC):
                 with _io_errors("stream"):
                     body = await resp.read()
                 self._check_status(resp.status, resp.headers, body)
+                if resp.content_type == "application/json":
+                    raise _WholeAnswer(body)  # asked to stream, it answered whole: read that
                 raise ModelError("model did not answer with an event stream", retryable=True)
             yield _EventStream(resp.content)
 
@@ -184,6 +190,14 @@ class HttpModelClient(ABC):
             proxy=self._proxy,
             proxy_headers=self._proxy_headers,
         )
+
+
+class _WholeAnswer(Exception):
+    """A streamed call answered with one JSON body, as servers that ignore "stream" do."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__("answered without streaming")
+        self.body = body
 
 
 class _EventStream:

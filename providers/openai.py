@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,8 +73,7 @@ class OpenAIClient(HttpModelClient):
     def _check_status(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         _raise_for_status(status, headers, body.decode("utf-8", "replace"))
 
-    async def _complete_once(self, payload: bytes) -> ModelResponse:
-        body = await self._post(payload)
+    def _read_once(self, body: bytes) -> ModelResponse:
         try:
             data = json.loads(body)
             choice = data["choices"][0]
@@ -113,7 +113,10 @@ class OpenAIClient(HttpModelClient):
                 if not isinstance(chunk, dict):
                     raise ModelError("model stream sent an unexpected chunk", retryable=True)
                 if "error" in chunk:
-                    raise ModelError(f"model stream error: {str(chunk['error'])[:200]}")
+                    raise ModelError(
+                        f"model stream error: {str(chunk['error'])[:200]}",
+                        retryable=_passing(chunk["error"]),
+                    )
                 usage = _usage(chunk.get("usage")) or usage
                 for choice in chunk.get("choices") or []:
                     delta = choice.get("delta") or {}
@@ -131,6 +134,18 @@ class OpenAIClient(HttpModelClient):
             output_tokens=_count(usage, "completion_tokens"),
             finish_reason=finish,
         )
+
+
+# what an error event says of a passing trouble (OpenAI's server_error, vLLM's and
+# OpenRouter's overloaded or rate-limited upstreams): worth one more try
+_PASSING = re.compile(
+    r"overload|server_error|rate.?limit|capacity|timeout|timed out|unavailable|try again|\b5\d\d\b",
+    re.IGNORECASE,
+)
+
+
+def _passing(error: object) -> bool:
+    return bool(_PASSING.search(json.dumps(error, default=str)[:1000]))
 
 
 class _ToolCallAssembler:

@@ -506,10 +506,23 @@ STOP = {"type": "message_stop"}
 
 
 async def test_stream_that_is_not_an_event_stream_fails(canned: Canned) -> None:
-    client = _canned_client(canned, web.json_response({"content": []}))
+    client = _canned_client(canned, web.Response(text="<html>hi</html>"))
     try:
         with pytest.raises(ModelError, match="event stream"):
             await client.complete(_request())
+    finally:
+        await client.aclose()
+
+
+async def test_a_stream_answered_whole_is_read(canned: Canned) -> None:
+    whole = {
+        "content": [{"type": "text", "text": "whole answer"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 5, "output_tokens": 2},
+    }
+    client = _canned_client(canned, web.json_response(whole))
+    try:
+        assert (await client.complete(_request())).text == "whole answer"
     finally:
         await client.aclose()
 

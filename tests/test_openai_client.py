@@ -478,8 +478,22 @@ def _sse(*chunks: dict[str, Any], done: bool = True) -> web.Response:
 
 
 async def test_stream_that_is_not_an_event_stream_fails(canned: Canned) -> None:
-    await _failure(canned, web.json_response({"choices": []}), match="event stream")
+    await _failure(canned, web.Response(text="<html>hi</html>"), match="event stream")
     assert canned.paths == ["/v1/chat/completions"]
+
+
+async def test_a_server_that_does_not_stream_is_read_whole(canned: Canned) -> None:
+    """Asked to stream, some servers answer with one JSON completion: a usable answer, which
+    got an apology."""
+    whole = {
+        "choices": [{"message": {"content": "whole answer"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+    }
+    deltas = Deltas()
+    response = await _complete(canned, web.json_response(whole), deltas=deltas)
+    assert (response.text, response.input_tokens) == ("whole answer", 5)
+    assert deltas.seen == ["whole answer"]
+    await _failure(canned, web.json_response({"choices": []}), match="malformed")
 
 
 async def test_stream_without_finish_or_usage_ended_early(canned: Canned) -> None:
@@ -492,6 +506,15 @@ async def test_stream_error_chunk_is_not_retryable(canned: Canned) -> None:
     error = await _failure(canned, answer, match="context length exceeded", retry=FAST_RETRY)
     assert error.retryable is False
     assert len(canned.paths) == 1
+
+
+async def test_a_passing_stream_error_is_tried_again(canned: Canned) -> None:
+    """{"error": {"message": "overloaded"}} as the first event was never tried again."""
+    busy = _sse({"error": {"message": "Overloaded", "type": "server_error"}}, done=False)
+    chunk = {"choices": [{"index": 0, "delta": {"content": "fine"}, "finish_reason": "stop"}]}
+    response = await _complete(canned, busy, _sse(chunk), retry=FAST_RETRY)
+    assert response.text == "fine"
+    assert len(canned.paths) == 2
 
 
 @pytest.mark.parametrize(
