@@ -159,3 +159,13 @@ def test_typed_command_after_the_mention_is_a_command() -> None:
 )
 def test_plain_text(markup: str, plain: str) -> None:
     assert plain_text(markup, BOT_USER) == plain
+
+
+def test_a_post_with_nothing_to_read_starts_no_empty_turn() -> None:
+    """Text only in blocks (or none): the model got an empty message and answered it."""
+    body = payload("dm_message")
+    body["event"]["text"] = ""
+    assert parse_event(body, BOT_USER, "mention") is None  # type: ignore[arg-type]
+    mention = payload("app_mention")
+    mention["event"]["text"] = f"<@{BOT_USER}>"
+    assert parse_event(mention, BOT_USER, "mention") is not None  # a bare mention still asks

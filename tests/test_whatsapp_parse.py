@@ -301,3 +301,13 @@ def test_one_pass_agrees_on_mangled_notifications(name: str, pick: int, value: A
         parent[path[-1]] = value
     by_parts, whole = _both(data)
     assert whole == by_parts
+
+
+def test_an_empty_text_starts_no_empty_turn() -> None:
+    data = load("text")
+    data["entry"][0]["changes"][0]["value"]["messages"][0]["text"]["body"] = " \n"
+    assert events_of(data) == []
+
+
+def events_of(data: dict[str, Any]) -> list[Event]:
+    return parse(data, NUMBERS, NOW)

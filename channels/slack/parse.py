@@ -91,7 +91,10 @@ def parse_event(
         platform_id=f"{channel}:{ts}",
         shared=thread is not None,  # a channel's thread: anyone in the channel may write
     )
-    return Incoming(message, _files(event.get("files")), joins, needs_joined)
+    files = _files(event.get("files"))
+    if not message.text.strip() and not files and not joins:  # a bare mention still asks
+        return None  # nothing to read (a text-less post, or blocks only): no empty turn
+    return Incoming(message, files, joins, needs_joined)
 
 
 def parse_action(payload: dict[str, Any]) -> Incoming | None:

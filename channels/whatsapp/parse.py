@@ -393,6 +393,8 @@ def _content(m: _Message, base: _Fields) -> Event | None:
     kind = m.type
     body = getattr(m, kind, None) if kind in MEDIA_TYPES else None
     if kind == "text" and m.text is not None:
+        if not m.text.body.strip():
+            return None  # nothing to read: no empty turn
         if command := _COMMAND.match(m.text.body.lstrip()):  # /reset, /help, /start
             name = command.group(1).lower()  # phones capitalize: /Reset
             return Incoming(_with(base, text=m.text.body, kind=MessageKind.COMMAND, command=name))
