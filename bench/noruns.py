@@ -25,7 +25,9 @@ from core.store.sqlite import SqliteStore
 from gateway.cli import main
 
 
-def _no_wake(self: SessionManager, key: SessionKey, *, arrived: bool) -> None:
+def _no_wake(
+    self: SessionManager, key: SessionKey, *, arrived: bool, more_coming: bool = False
+) -> None:
     return None
 
 

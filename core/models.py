@@ -77,6 +77,9 @@ class InboundMessage(BaseModel):
     # what the platform says of the message beyond its text, for the model ("in reply to: …",
     # "forwarded from …")
     notes: tuple[str, ...] = ()
+    # one post the platform sends as several messages (a Telegram album): its turn waits a
+    # moment for the rest, so it is answered once
+    part_of: str | None = None
     received_at: float = Field(default_factory=time.time)
 
 

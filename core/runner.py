@@ -46,6 +46,7 @@ class SessionRunner:
         self.policy = mgr.policy_for(key, profile)
         self.poked = True
         self.last_arrival = 0.0
+        self.parts_pending = False  # the last message is part of a post still arriving
         self.arrival = asyncio.Event()
         self.overflow_noticed = False
         self.coalesce = False  # a flood: answer everything queued together, whatever the mode
@@ -60,11 +61,14 @@ class SessionRunner:
         self.deliver_lock = asyncio.Lock()
         self.task = asyncio.create_task(self._main(), name=f"session {self.skey}")
 
-    def poke(self, *, arrived: bool) -> None:
+    def poke(self, *, arrived: bool, more_coming: bool = False) -> None:
+        """Something changed; `arrived`: a message, `more_coming`: a part of a post whose
+        other parts are on their way (the quiet window is at least PARTS_QUIET_S)."""
         self.poked = True
         if not arrived:
             return
         self.last_arrival = time.monotonic()
+        self.parts_pending = more_coming
         self.arrival.set()
         if self.policy.queue_mode is QueueMode.INTERRUPT:
             self.discard_turn()
@@ -196,7 +200,8 @@ class SessionRunner:
         """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
         while True:
             self.arrival.clear()
-            remaining = self.policy.debounce_s - (time.monotonic() - self.last_arrival)
+            quiet = max(self.policy.debounce_s, PARTS_QUIET_S if self.parts_pending else 0.0)
+            remaining = quiet - (time.monotonic() - self.last_arrival)
             if remaining <= 0:
                 return
             try:
@@ -481,6 +486,7 @@ class SessionRunner:
 COMMANDS = frozenset({"reset", "start", "help"})
 UNCHARGED = frozenset({"model_error", "error", "timeout"})  # when no model call completed
 _CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
+PARTS_QUIET_S = 1.0  # the rest of a post sent as several messages comes within this
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record
 

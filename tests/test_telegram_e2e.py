@@ -194,6 +194,26 @@ async def test_every_photo_of_an_album_addressed_in_a_group_reaches_the_agent(
     assert all(len(m["attachments"]) == 1 for _, m in gw.inbox())
 
 
+async def test_an_album_is_answered_once_not_photo_by_photo(
+    gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """Its photos come as separate updates: the first was answered alone, then the rest."""
+    photos = [
+        [{**tg.add_file(bytes([i]) * 64, f"photos/trip_{i}.jpg"), "width": 9, "height": 9}]
+        for i in range(3)
+    ]
+    first = tg.message(ANA, None, caption="which one?", photo=photos[0], media_group_id="trip")
+    await gw.deliver(first)
+    for p in photos[1:]:
+        await asyncio.sleep(0.15)  # as Telegram sends them: one by one
+        await gw.deliver(tg.message(ANA, None, photo=p, media_group_id="trip"))
+    await until(lambda: len(tg.in_chat(ANA.id)) >= 1)
+    await asyncio.sleep(0.3)
+    assert len(tg.in_chat(ANA.id)) == 1
+    assert len(fake_openai.requests) == 1
+    assert last_user_text(fake_openai.requests[0]).count("[attachment image") == 3
+
+
 async def test_button_round_trip(gw: Gateway, tg: FakeTelegram, fake_openai: FakeOpenAI) -> None:
     long_value = "confirm-order-2025-000123:" + "table-for-four-at-nine-by-the-window" * 2
     buttons = [{"label": "Yes", "value": "yes"}, {"label": "Later", "value": long_value}]

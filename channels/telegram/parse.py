@@ -231,6 +231,7 @@ def normalize(
         reply_to=str(replied.message_id) if replied and _real_reply(msg) else None,
         shared=group,
         notes=(*content, *_notes(msg, me)),
+        part_of=msg.media_group_id,  # an album: its photos come as separate updates
     )
     return Incoming(inbound, media)
 
