@@ -506,13 +506,14 @@ def _last_turns(entries: list[HistoryEntry], turns: int) -> list[HistoryEntry]:
 
 def _burst(items: list[InboxItem], window_s: float) -> int:
     """How many of `items` came in one burst with the first: each within `window_s` of the one
-    before, by when they were received (1 with no debounce window)."""
+    before, by when they were received, or a part of the same post (an album)."""
     n = 1
-    while (
-        window_s > 0
-        and n < len(items)
-        and items[n].message.received_at - items[n - 1].message.received_at <= window_s
-    ):
+    while n < len(items):
+        this, before = items[n].message, items[n - 1].message
+        same_post = this.part_of is not None and this.part_of == before.part_of
+        in_window = window_s > 0 and this.received_at - before.received_at <= window_s
+        if not (same_post or in_window):
+            break
         n += 1
     return n
 

@@ -442,6 +442,26 @@ async def test_followup_with_debounce_merges_a_burst_and_answers_later_messages_
     ]
 
 
+async def test_the_parts_of_one_post_are_one_turn_in_every_queue_mode(
+    make_rig: Callable[..., Any],
+) -> None:
+    """An album's photos come one by one, with no debounce set: each was its own turn, and in
+    followup mode stayed so even once all had arrived."""
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, delay_s=0.2)
+    await rig.manager.submit(msg("next"))
+    await asyncio.sleep(0.05)  # during its turn the album arrives
+    for word in ("photo1", "photo2", "photo3"):
+        await rig.manager.submit(msg(word, part_of="album-9"))
+        await asyncio.sleep(0.05)
+    await rig.manager.submit(msg("after"))
+    await settle(rig)
+    assert rig.outlet.texts() == [
+        "echo: next",
+        "echo: photo1 | photo2 | photo3",
+        "echo: after",
+    ]
+
+
 async def test_a_turn_waiting_for_a_run_slot_answers_what_arrived_meanwhile(
     make_rig: Callable[..., Any],
 ) -> None:
