@@ -127,6 +127,22 @@ async def test_typing_is_shown_again_while_the_run_is_silent_and_not_after_the_r
     assert len(gw.graph.reads) == shown  # the reply ended it
 
 
+async def test_the_agent_reads_what_a_reply_quotes(gw: Gateway, fake_openai: FakeOpenAI) -> None:
+    """WhatsApp quotes by id only (context.id): "what about this one?" had no referent."""
+    fake_openai.script(Text("Option A: red. Option B: blue."), Text("Blue it is."))
+    await gw.notify(text_message("which colours?", mid="wamid.Q1"))
+    await until(lambda: gw.graph.texts(USER))
+    sent_id = gw.graph.sent[0]["_id"]
+    reply = text_message("what about this one?", mid="wamid.Q2")
+    reply["entry"][0]["changes"][0]["value"]["messages"][0]["context"] = {"id": sent_id}
+    await gw.notify(reply)
+    await until(lambda: len(gw.graph.texts(USER)) == 2)
+    seen = last_user_text(fake_openai.requests[-1])
+    assert (
+        seen == "[in reply to your message: «Option A: red. Option B: blue.»]\nwhat about this one?"
+    )
+
+
 MEDIA = {
     "media-img-1": (b"\xff\xd8jpeg-bytes", "image/jpeg"),
     "media-aud-1": (b"OggS-voice", "audio/ogg; codecs=opus"),

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from channels.base import quote_note
 from channels.telegram.media import MediaRef, media_of
 from core.models import InboundMessage, MessageKind, Sender
 
@@ -290,9 +291,6 @@ def _sender(user: User) -> Sender:
     return Sender(id=str(user.id), name=name, anonymous=user.id in ANONYMOUS_SENDERS)
 
 
-QUOTE_MAX = 300  # characters of a replied-to message the model reads
-
-
 def _content(msg: Message) -> tuple[str, ...]:
     """Polls, dice, checklists, games and stories, in words: in a private chat every message
     is answered, and these used to be dropped without a word."""
@@ -323,9 +321,6 @@ def _notes(msg: Message, me: Identity) -> tuple[str, ...]:
         notes.append(f"forwarded from {msg.forward_origin.name}")
     replied = msg.reply_to_message
     if replied is not None and _real_reply(msg):
-        said = replied.text or replied.caption or ""
-        if len(said) > QUOTE_MAX:
-            said = said[:QUOTE_MAX] + "…"
         author = replied.from_
         whose = (
             "your message"
@@ -334,7 +329,7 @@ def _notes(msg: Message, me: Identity) -> tuple[str, ...]:
             if author is not None
             else "a message"
         )
-        notes.append(f"in reply to {whose}: «{said}»" if said else f"in reply to {whose}")
+        notes.append(quote_note(whose, replied.text or replied.caption or ""))
     return tuple(notes)
 
 

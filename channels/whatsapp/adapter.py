@@ -22,7 +22,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext, Refusals, read_body, webhook_ok
+from channels.base import BadInput, ChannelContext, Refusals, quoting, read_body, webhook_ok
 from channels.mend import mend_json
 from channels.order import Turns
 from channels.whatsapp.client import GraphClient
@@ -166,7 +166,8 @@ class WhatsAppAdapter:
             # before it is stored: a notice submit queues (to a stranger the allowlist
             # refuses, who is not stored) may go out at once, inside the window they opened
             self._sender.heard(session, msg.received_at)
-            await self._ctx.submit(await self._menu_choice(msg, session), key)
+            msg = await quoting(self._ctx.store, await self._menu_choice(msg, session))
+            await self._ctx.submit(msg, key)
             self._recent[_rid(msg)] = None
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:

@@ -319,6 +319,11 @@ class Store(Protocol):
     async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
         """(outbox status, platform delivery status, last error) of a reply part."""
 
+    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
+        """The message a person's reply quotes, when it is one the store knows: ("assistant",
+        text) for a reply part sent under `platform_id`, ("user", text) for a message stored
+        from the channel's `account`; None otherwise."""
+
     async def last_inbound_at(self, session: str) -> float | None:
         """When the person last wrote in this session (e.g. WhatsApp's 24-hour window)."""
 

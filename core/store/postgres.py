@@ -476,6 +476,26 @@ class PostgresStore:
             )
         return None if row is None else (row[0], row[1], row[2])
 
+    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
+        async with self._conn() as c:
+            sent = await c.fetchval(
+                "SELECT reply FROM outbox WHERE channel = $1 AND platform_id = $2 LIMIT 1",
+                channel,
+                platform_id,
+            )
+            if sent is not None:
+                return "assistant", Reply.model_validate_json(sent).text
+            got = await c.fetchval(
+                "SELECT payload FROM inbox WHERE channel = $1 AND account = $2"
+                " AND platform_id = $3",
+                channel,
+                account,
+                platform_id,
+            )
+        if got is not None:
+            return "user", InboundMessage.model_validate_json(got).text
+        return None
+
     async def last_inbound_at(self, session: str) -> float | None:
         async with self._conn() as c:
             value = await c.fetchval(

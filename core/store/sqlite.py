@@ -645,6 +645,27 @@ class SqliteStore:
         )
         return None if row is None else (row[0], row[1], row[2])
 
+    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
+        def op(c: sqlite3.Connection) -> tuple[str, str] | None:
+            sent = _fetchone(
+                c,
+                "SELECT reply FROM outbox WHERE channel = ? AND platform_id = ? LIMIT 1",
+                (channel, platform_id),
+            )
+            if sent is not None:
+                return "assistant", Reply.model_validate_json(sent[0]).text
+            got = _fetchone(
+                c,
+                "SELECT payload FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
+                (channel, account, platform_id),
+            )
+            if got is not None:
+                return "user", InboundMessage.model_validate_json(got[0]).text
+            return None
+
+        found: tuple[str, str] | None = await self._lookup(op)
+        return found
+
     async def last_inbound_at(self, session: str) -> float | None:
         row = await self._lookup(
             lambda c: _fetchone(
