@@ -311,3 +311,18 @@ def test_an_empty_text_starts_no_empty_turn() -> None:
 
 def events_of(data: dict[str, Any]) -> list[Event]:
     return parse(data, NUMBERS, NOW)
+
+
+def test_a_forward_and_the_ad_a_person_came_from_are_told_to_the_agent() -> None:
+    data = load("text")
+    message = data["entry"][0]["changes"][0]["value"]["messages"][0]
+    message["context"] = {"forwarded": True}
+    message["referral"] = {
+        "source_url": "https://fb.me/xyz",
+        "source_type": "ad",
+        "headline": "Winter sale",
+        "body": "Bikes 20% off",
+    }
+    (event,) = events_of(data)
+    assert isinstance(event, Incoming)
+    assert event.message.notes == ("forwarded", "came from the ad: Winter sale — Bikes 20% off")

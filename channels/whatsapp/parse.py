@@ -87,6 +87,17 @@ class _Value(_M):
 
 class _Context(_M):
     id: str | None = None
+    forwarded: bool = False
+    frequently_forwarded: bool = False
+
+
+class _Referral(_M):
+    """A click-to-WhatsApp ad or post the person came from."""
+
+    headline: str | None = None
+    body: str | None = None
+    source_type: str | None = None
+    source_url: str | None = None
 
 
 class _Text(_M):
@@ -176,6 +187,7 @@ class _Message(_M):
     from_user_id: str | None = None
     timestamp: str | None = None
     context: _Context | None = None
+    referral: _Referral | None = None
     group_id: str | None = None
     text: _Text | None = None
     image: _Media | None = None
@@ -384,6 +396,7 @@ def _message(
         "platform_id": m.id,
         "reply_to": m.context.id if m.context else None,
         "received_at": received,
+        "notes": _notes(m),
     }
     return _content(m, base)
 
@@ -442,6 +455,19 @@ def _order_text(order: _Order) -> str:
     )
     text = f"[placed an order: {items or 'no items'}]"
     return f"{text}\n{order.text}" if order.text else text
+
+
+def _notes(m: _Message) -> tuple[str, ...]:
+    """What the model should know beyond the body: a forward, or the ad the person came from
+    (its headline is what they are asking about)."""
+    notes = []
+    if m.context is not None and (m.context.forwarded or m.context.frequently_forwarded):
+        notes.append("forwarded" + (" many times" if m.context.frequently_forwarded else ""))
+    if (ad := m.referral) is not None:
+        what = " — ".join(p for p in (ad.headline, ad.body) if p) or ad.source_url or ""
+        kind = "ad" if ad.source_type == "ad" else "post"
+        notes.append(f"came from the {kind}: {what}" if what else f"came from the {kind}")
+    return tuple(notes)
 
 
 def _with(base: _Fields, **changes: Any) -> InboundMessage:
