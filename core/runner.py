@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.prompt import describe_inbound, history_messages, system_prompt
+from core.agent.tools import CONSENT
 from core.errors import StoreError, SwitchboardError
 from core.logcontext import about
 from core.models import MessageKind, Reply, SessionKey
@@ -179,12 +180,16 @@ class SessionRunner:
             async with self.mgr._slots:
                 if self.mgr._closing:
                     return
-                if waits:  # what arrived while this waited for a run slot counts too
+                if waits:  # what arrived while this waited for a run slot counts too, and an
+                    # operator may have taken the session meanwhile
                     items = await self.mgr.store.pending(self.skey)
                     if not items or _is_command(items[0]):
                         continue
+                    session = await self.mgr.store.get_session(self.skey)
+                    if session.state.get("handoff"):
+                        continue  # the next round holds its messages
                 batch = self._batch(items)
-                await self._turn(batch, None if waits else session)
+                await self._turn(batch, session)
             drained = len(batch) == len(items) and not self.poked
 
     def _batch(self, items: list[InboxItem]) -> list[InboxItem]:
@@ -485,7 +490,6 @@ class SessionRunner:
 
 COMMANDS = frozenset({"reset", "start", "help"})
 UNCHARGED = frozenset({"model_error", "error", "timeout"})  # when no model call completed
-_CONFIRM = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")  # buttons of tools needing consent
 PARTS_QUIET_S = 1.0  # the rest of a post sent as several messages comes within this
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record
@@ -531,7 +535,7 @@ def _confirmation(item: InboxItem) -> tuple[str, bool, str] | None:
     asked for."""
     if item.message.kind is not MessageKind.BUTTON:
         return None
-    m = _CONFIRM.match(item.message.button_value or "")
+    m = CONSENT.match(item.message.button_value or "")
     return (m.group(2), m.group(1) == "confirm", item.message.sender.id) if m else None
 
 

@@ -9,9 +9,12 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from aiohttp import web
+from pydantic import ValidationError
 
+from core.agent.builtin import ButtonArg
 from core.agent.http_tools import HttpTool, HttpToolSpec
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelRequest, ModelResponse, ToolCall
@@ -153,3 +156,25 @@ def test_the_model_reads_who_wrote_in_a_shared_conversation_and_what_a_press_sen
     assert describe_inbound(same) == "[pressed the button: Yes]"
     noted = inbound(sender=Sender(id="11"), text="this one?", notes=("in reply to:\n«B»",))
     assert describe_inbound(noted) == "[in reply to: «B»]\nthis one?"
+
+
+def test_a_consent_token_never_reaches_the_model_nor_comes_from_it() -> None:
+    """Shown, the model could offer a button of that value to another person, whose press
+    would then confirm an action they never asked for."""
+    press = InboundMessage(
+        channel="t",
+        conversation="c",
+        platform_id="1",
+        sender=Sender(id="11"),
+        text="Confirm",
+        kind=MessageKind.BUTTON,
+        button_value="confirm:0badc0de",
+    )
+    assert describe_inbound(press) == "[pressed the button: Confirm]"
+    for forged in (
+        {"label": "See menu", "value": "confirm:0badc0de"},
+        {"label": "cancel:0badc0de"},
+    ):
+        with pytest.raises(ValidationError):
+            ButtonArg.model_validate(forged)
+    assert ButtonArg.model_validate({"label": "Confirm", "value": "confirm it"}).value

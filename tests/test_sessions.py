@@ -305,7 +305,7 @@ async def test_steer_leaves_a_confirm_press_to_open_the_next_turn(
     await settle(rig)
     assert rig.outlet.texts() == [
         "echo: first",
-        "echo: [pressed the button: Confirm (value: confirm:0badc0de)] | and this",
+        "echo: [pressed the button: Confirm] | and this",  # never the token
     ]
 
 
@@ -680,6 +680,27 @@ async def test_an_operator_taking_over_mid_run_silences_the_bot_until_hand_back(
     assert await rig.manager.hand_back(key()) == 2
     await settle(rig)
     assert rig.outlet.texts() == ["echo: I want to cancel | hello?"]
+
+
+async def test_a_session_paused_while_it_waits_for_a_run_slot_stays_silent(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The handoff was checked before the wait for a slot only: once another session's run
+    ended, the paused session's turn ran, and the bot answered beside the operator."""
+    rig: Rig = await make_rig(delay_s=0.4, max_runs=1)
+    await rig.manager.submit(msg("hold the slot", "other"))
+    async with asyncio.timeout(5):
+        while not rig.model.requests:
+            await asyncio.sleep(0.01)
+    await rig.manager.submit(msg("hello from B"))  # waits for the slot
+    await asyncio.sleep(0.05)
+    await rig.manager.pause(key(), "operator")
+    await settle(rig)
+    await asyncio.sleep(0.6)
+    assert rig.outlet.texts() == ["echo: hold the slot"]
+    assert await rig.manager.hand_back(key()) == 1
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: hold the slot", "echo: hello from B"]
 
 
 async def test_permanent_send_failure_does_not_block_later_replies(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
-from core.agent.tools import ToolContext
+from core.agent.tools import CONSENT, ToolContext
 from core.models import Button
 
 __all__ = ["BUTTON_VALUE_MAX", "SendButtons"]
@@ -21,6 +21,12 @@ class ButtonArg(BaseModel):
         max_length=BUTTON_VALUE_MAX,
         description="What pressing it sends back (default: label).",
     )
+
+    @model_validator(mode="after")
+    def _not_a_consent(self) -> ButtonArg:
+        if CONSENT.match(self.value or self.label):
+            raise ValueError("confirm:/cancel: values belong to the gateway's own buttons")
+        return self
 
 
 class SendButtonsArgs(BaseModel):

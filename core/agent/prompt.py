@@ -8,6 +8,7 @@ from typing import Any
 
 from core.agent.model import ChatMessage
 from core.agent.sanitize import wrap_user_text
+from core.agent.tools import CONSENT
 from core.models import InboundMessage, MessageKind, Sender
 from core.store.base import HistoryEntry
 
@@ -53,7 +54,8 @@ def describe_inbound(msg: InboundMessage) -> str:
     if msg.kind is MessageKind.BUTTON:
         label = msg.text or msg.button_value
         value = msg.button_value
-        said = f"{label} (value: {value})" if value and value != label else label
+        shown = value and value != label and not CONSENT.match(value)  # never a consent token
+        said = f"{label} (value: {value})" if shown else label
         lines.append(f"[pressed the button: {said}]")
     elif msg.kind is MessageKind.EDIT:
         lines.append(f"[edited an earlier message] {msg.text}")

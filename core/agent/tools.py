@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from core.errors import ToolError
 from core.models import Button
 
 __all__ = [
+    "CONSENT",
     "PENDING",
     "NeedsConfirmation",
     "ResultTiers",
@@ -186,6 +188,9 @@ class ToolRegistry:
         return json.dumps(card, ensure_ascii=False, default=str)
 
 
+# the values of the Confirm and Cancel buttons an action needing consent gets: its token is
+# never shown to the model (it could offer a button of that value to someone else)
+CONSENT = re.compile(r"^(confirm|cancel):([0-9a-f]{8})$")
 PENDING = "pending_actions"  # session state slot: actions waiting for the person's confirmation
 CONFIRM_TTL_S = 3600.0
 
