@@ -453,6 +453,9 @@ def _interpolate(
                 (key, "a ${ that starts no ${NAME} or ${NAME:-default} (write $${ for the text)")
             )
             return m.group(0)
+        if default is not None and "${" in default:
+            problems.append((key, f"the default of ${{{name}:-...}} cannot hold another ${{NAME}}"))
+            return m.group(0)
         value = env.get(name)
         if default is not None and not value:  # shell semantics: unset or empty
             return default

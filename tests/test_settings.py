@@ -159,7 +159,11 @@ def test_missing_variable_is_a_problem_naming_the_key(
 
 
 @pytest.mark.parametrize(
-    "written", ["${SB_SECRET", "${}", "${SB SECRET}", "${1SECRET}", "${X-dflt}", "${X:?required}"]
+    "written",
+    [
+        *("${SB_SECRET", "${}", "${SB SECRET}", "${1SECRET}", "${X-dflt}", "${X:?required}"),
+        "${SB_UNSET_SECRET:-${SB_OTHER}}",  # was the text "${SB_OTHER}"
+    ],
 )
 def test_a_malformed_reference_is_a_problem_not_the_secret_itself(
     tmp_path: Path, written: str
