@@ -53,26 +53,27 @@ def webhook_ok() -> web.Response:
     return web.Response(body=_OK_BODY, content_type="application/json")
 
 
-def quote_note(whose: str, said: str) -> str:
+def quote_note(whose: str, said: str, how: str = "in reply to") -> str:
     """The note telling the model what a reply answers (a person's "this one" is in it)."""
     if len(said) > QUOTE_MAX:
         said = said[:QUOTE_MAX] + "…"
-    return f"in reply to {whose}: «{said}»" if said else f"in reply to {whose}"
+    return f"{how} {whose}: «{said}»" if said else f"{how} {whose}"
 
 
-async def quoting(store: Store, msg: InboundMessage) -> InboundMessage:
-    """`msg` with a note of the message it replies to, when the store knows that message (a
-    reply of ours, or one the person sent); platforms that quote only by id need this."""
+async def quoting(store: Store, msg: InboundMessage, how: str = "in reply to") -> InboundMessage:
+    """`msg` with a note of the message it replies to (`how`: or reacts to, or edits), when
+    the store knows that message (a reply of ours, or one the person sent); platforms that
+    quote only by id need this."""
     if msg.reply_to is None or msg.kind not in (MessageKind.MESSAGE, MessageKind.EDIT):
         return msg
     try:
         found = await store.quoted(msg.channel, msg.account, msg.reply_to)
-    except StoreError:  # a note is no reason to fail the message (storing it says so)
-        return msg
+    except (StoreError, ValueError):  # a note is no reason to fail the message (nor is an
+        return msg  # old row the models cannot read)
     if found is None:
         return msg
     role, said = found
-    note = quote_note("your message" if role == "assistant" else "their earlier message", said)
+    note = quote_note("your message" if role == "assistant" else "their message", said, how)
     return msg.model_copy(update={"notes": (*msg.notes, note)})
 
 

@@ -141,6 +141,13 @@ async def test_the_agent_reads_what_a_reply_quotes(gw: Gateway, fake_openai: Fak
     assert (
         seen == "[in reply to your message: «Option A: red. Option B: blue.»]\nwhat about this one?"
     )
+    fake_openai.responder = lambda body: Text("noted")
+    reaction = payload("reaction")
+    reaction["entry"][0]["changes"][0]["value"]["messages"][0]["reaction"]["message_id"] = sent_id
+    await gw.notify(reaction)
+    await until(lambda: len(gw.graph.texts(USER)) == 3)
+    seen = last_user_text(fake_openai.requests[-1])
+    assert seen.startswith("[reacted to your message: «Option A: red. Option B: blue.»]\n")
 
 
 MEDIA = {

@@ -31,6 +31,7 @@ from channels.whatsapp.menus import Menus
 from channels.whatsapp.outbound import match_menu
 from channels.whatsapp.parse import (
     CHANNEL,
+    REACTED,
     Incoming,
     MediaRef,
     StatusReport,
@@ -166,7 +167,15 @@ class WhatsAppAdapter:
             # before it is stored: a notice submit queues (to a stranger the allowlist
             # refuses, who is not stored) may go out at once, inside the window they opened
             self._sender.heard(session, msg.received_at)
-            msg = await quoting(self._ctx.store, await self._menu_choice(msg, session))
+            msg = await self._menu_choice(msg, session)
+            how = (
+                "reacted to"
+                if msg.text.startswith(REACTED)
+                else "the earlier version of"
+                if msg.kind is MessageKind.EDIT
+                else "in reply to"
+            )
+            msg = await quoting(self._ctx.store, msg, how)
             await self._ctx.submit(msg, key)
             self._recent[_rid(msg)] = None
 

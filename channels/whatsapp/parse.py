@@ -45,6 +45,7 @@ class _M(BaseModel):
 
 
 _T = TypeVar("_T", bound=_M)
+REACTED = "[reacted with"  # how a reaction reads
 _Fields = dict[str, Any]  # what every message has, before its type adds the rest
 
 
@@ -437,7 +438,7 @@ def _content(m: _Message, base: _Fields) -> Event | None:
     if kind == "reaction" and m.reaction is not None:
         if not m.reaction.emoji or not m.reaction.message_id:
             return None  # a reaction removed
-        text = f"[reacted with {m.reaction.emoji} to {m.reaction.message_id}]"
+        text = f"{REACTED} {m.reaction.emoji} to {m.reaction.message_id}]"
         return Incoming(_with(base, text=text, reply_to=m.reaction.message_id))
     if kind == "edit" and m.edit is not None:
         return _edit(m, base, m.edit)
