@@ -11,7 +11,15 @@ import pytest
 
 from channels.telegram.client import bot_id_of
 from channels.telegram.media import media_of
-from channels.telegram.parse import Identity, ParseOptions, Update, message_id_of, normalize
+from channels.telegram.parse import (
+    Entity,
+    Identity,
+    ParseOptions,
+    Update,
+    _with_links,
+    message_id_of,
+    normalize,
+)
 from core.models import MessageKind, SessionKey
 
 PAYLOADS = Path(__file__).parent / "payloads" / "telegram"
@@ -289,3 +297,13 @@ def test_polls_dice_checklists_games_stories_and_places_reach_the_agent_in_words
     # service messages still start nothing
     assert _private(forum_topic_created={"name": "Invoices", "icon_color": 1}) is None
     assert _private(pinned_message={"message_id": 1, "chat": {"id": 1, "type": "private"}}) is None
+
+
+def test_links_on_a_command_or_a_nested_link_are_left_alone() -> None:
+    def linked(text: str, *links: tuple[int, int, str]) -> str:
+        entities = [Entity(type="text_link", offset=o, length=n, url=u) for o, n, u in links]
+        return _with_links(text, entities)
+
+    assert linked("/help@other_bot x", (0, 5, "https://x.test")) == "/help@other_bot x"
+    assert linked("abc def", (0, 7, "u1"), (4, 3, "u2")) == "abc def (u2)"  # not the first word
+    assert linked("x abc def", (2, 7, "u1"), (6, 3, "u2")) == "x abc def (u1)"

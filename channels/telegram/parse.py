@@ -337,15 +337,20 @@ def _with_links(text: str, entities: list[Entity]) -> str:
     """The text with each text_link's address after its words ("see this (https://…)"): the
     model reads plain text, and the address is what the person meant it to follow. Offsets
     count UTF-16 units."""
-    links = sorted((e for e in entities if e.type == "text_link" and e.url), key=lambda e: e.offset)
+    # a link on the first word is left alone: a /command or @mention there is read (and cut)
+    # from the text as it came
+    links = sorted(
+        (e for e in entities if e.type == "text_link" and e.url and e.offset > 0),
+        key=lambda e: e.offset,
+    )
     if not links:
         return text
     units = text.encode("utf-16-le")
     out, at = [], 0
     for e in links:
         end = (e.offset + e.length) * 2
-        if end < at * 2 or end > len(units):
-            continue  # overlapping or out of range: leave it
+        if e.offset < at or end > len(units):
+            continue  # inside the one before, or out of range: leave it
         out.append(units[at * 2 : end].decode("utf-16-le", "replace"))
         out.append(f" ({e.url})")
         at = e.offset + e.length

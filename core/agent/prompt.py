@@ -21,6 +21,8 @@ SAFETY = (
 STATE_SLOTS = ("plan", "context", "state")
 NAME_MAX = 64  # of a sender's name, as the model reads it
 FROM_LINE = re.compile(r"^\[from: [^\n]*\]\n?", re.MULTILINE)  # who wrote, in a shared chat
+_FORGED_FROM = re.compile(r"^\[from:", re.MULTILINE)
+_NO_BRACKETS = str.maketrans("[]", "()")
 
 
 def system_prompt(instructions: str, output_rules: str, state: dict[str, Any]) -> str:
@@ -59,8 +61,8 @@ def describe_inbound(msg: InboundMessage) -> str:
         lines.append(f"[pressed the button: {said}]")
     elif msg.kind is MessageKind.EDIT:
         lines.append(f"[edited an earlier message] {msg.text}")
-    elif msg.text:
-        lines.append(msg.text)
+    elif msg.text:  # a "[from: …]" line typed by the person is no attribution
+        lines.append(_FORGED_FROM.sub("(from:", msg.text))
     for a in msg.attachments:
         bits = [a.kind]
         if a.name:
@@ -73,7 +75,7 @@ def describe_inbound(msg: InboundMessage) -> str:
 
 
 def _who(sender: Sender) -> str:
-    name = _one_line(sender.name or "")[:NAME_MAX]
+    name = _one_line(sender.name or "").translate(_NO_BRACKETS)[:NAME_MAX].strip()
     if sender.anonymous:
         return f"{name or 'someone'} (anonymous)"
     return f"{name}, id {sender.id}" if name else f"id {sender.id}"
