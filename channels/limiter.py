@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -36,9 +37,8 @@ class KeyedLimiter:
         max_keys: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if rate < 1:  # half a message a second: one every two seconds
-            rate, period = 1, period / rate
-        self._rate, self._period, self._clock = int(rate), period, clock
+        whole = max(1, math.ceil(rate))  # 2.5 a second: 3 in 1.2 s; 0.5: 1 in 2 s
+        self._rate, self._period, self._clock = whole, period * whole / rate, clock
         self._windows: LRUCache[str, _Window] = LRUCache(max_keys)
 
     async def acquire(self, key: str) -> None:

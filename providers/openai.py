@@ -136,16 +136,18 @@ class OpenAIClient(HttpModelClient):
         )
 
 
-# what an error event says of a passing trouble (OpenAI's server_error, vLLM's and
-# OpenRouter's overloaded or rate-limited upstreams): worth one more try
-_PASSING = re.compile(
-    r"overload|server_error|rate.?limit|capacity|timeout|timed out|unavailable|try again|\b5\d\d\b",
-    re.IGNORECASE,
-)
+# an error event's code or type that says the trouble passes (OpenAI's server_error, vLLM's
+# and OpenRouter's overloaded or rate-limited upstreams): worth one more try
+_PASSING = re.compile(r"overload|server_error|rate_limit|unavailable|timeout|capacity", re.I)
 
 
 def _passing(error: object) -> bool:
-    return bool(_PASSING.search(json.dumps(error, default=str)[:1000]))
+    if not isinstance(error, dict):
+        return False
+    code, kind = error.get("code"), error.get("type")
+    if isinstance(code, int) and (code == 429 or code >= 500):  # OpenRouter: HTTP-like codes
+        return True
+    return any(isinstance(v, str) and _PASSING.search(v) for v in (code, kind))
 
 
 class _ToolCallAssembler:

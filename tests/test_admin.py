@@ -349,6 +349,18 @@ async def test_too_many_wrong_logins_get_429(tmp_path: Path) -> None:
         assert (await c.post("/admin/login", json={"token": TOKEN})).status_code == 429
 
 
+async def test_a_proxys_basic_login_is_no_guess_at_the_token(tmp_path: Path) -> None:
+    """Behind a proxy with HTTP Basic auth every request carries Authorization: Basic …; the
+    console's calls before sign-in counted as wrong tokens and locked the operator out."""
+    basic = {"Authorization": "Basic b3BzOnByb3h5LXBhc3N3b3Jk"}
+    async with gateway(config(tmp_path, model_url=None)) as gw, gw.client() as c:
+        for _ in range(12):
+            assert (await c.get("/admin/api/sessions", headers=basic)).status_code == 401
+        login = await c.post("/admin/login", json={"token": TOKEN}, headers=basic)
+        assert login.status_code == 200
+        assert (await c.get("/admin/api/sessions", headers=basic)).status_code == 200
+
+
 async def test_wrong_bearer_tokens_are_throttled_and_https_cookies_are_secure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

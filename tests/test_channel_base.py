@@ -94,6 +94,9 @@ async def test_keyed_limiter_below_one_a_period_spaces_them_out() -> None:
     limiter = KeyedLimiter(0.5, 1.0, clock=lambda: now[0])
     assert await limiter.take("n") is None
     assert await limiter.take("n") == pytest.approx(2.0)
+    fractional = KeyedLimiter(2.5, 1.0, clock=lambda: now[0])  # 2.5 a second: 3 in 1.2 s
+    assert [await fractional.take("n") for _ in range(3)] == [None, None, None]
+    assert await fractional.take("n") == pytest.approx(1.2)
 
 
 async def test_send_buttons_reach_the_run_outcome() -> None:

@@ -824,3 +824,15 @@ def test_merge_parallel_calls_interleaved_by_index() -> None:
         0: {"id": "a", "name": "x", "arguments": '{"a": 0}'},
         1: {"id": "b", "name": "y", "arguments": '{"b": 1}'},
     }
+
+
+def test_only_an_error_events_code_or_type_says_it_passes() -> None:
+    from providers.openai import _passing
+
+    assert _passing({"message": "Overloaded", "type": "server_error"})
+    assert _passing({"message": "upstream", "code": 502})
+    assert _passing({"message": "slow down", "code": "rate_limit_exceeded"})
+    # words in the message decide nothing: these will not go away by asking again
+    assert not _passing({"message": "max_tokens must be <= 512", "type": "invalid_request_error"})
+    assert not _passing({"message": "parameter timeout must be integer", "code": 400})
+    assert not _passing("overloaded")

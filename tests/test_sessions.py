@@ -442,7 +442,7 @@ async def test_followup_with_debounce_merges_a_burst_and_answers_later_messages_
     ]
 
 
-async def test_the_parts_of_one_post_are_one_turn_in_every_queue_mode(
+async def test_the_parts_of_one_post_are_one_turn_in_followup_mode(
     make_rig: Callable[..., Any],
 ) -> None:
     """An album's photos come one by one, with no debounce set: each was its own turn, and in

@@ -78,8 +78,8 @@ async def test_update_mode_edits_one_message_at_most_once_a_second_then_finalize
 async def test_preview_edits_stay_within_the_workspace_budget_and_the_final_still_lands(
     tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """chat.update is Tier 3 (50+ a minute per workspace): a few long runs at once, each
-    editing its preview every second, went over it and met 429s."""
+    """chat.update is Tier 3 (50+ a minute per workspace): previews edited every second, by a
+    few long runs at once, went over it and met 429s. One run against a budget of two."""
     monkeypatch.setattr("channels.slack.live.UPDATE_INTERVAL", 0.1)
     monkeypatch.setattr("channels.slack.live.PREVIEW_EDITS_PER_MINUTE", 2)
     fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.06)

@@ -225,7 +225,8 @@ class AgentLoop:
                 if "token_budget" not in out.limits_hit:
                     out.limits_hit.append("token_budget")
             if room < smallest:  # on the first call: the message alone is past the budget
-                out.limits_hit.append("token_budget")
+                if "token_budget" not in out.limits_hit:
+                    out.limits_hit.append("token_budget")
                 break
             max_tokens = min(lim.max_output_tokens, room)
             if reason and reason not in out.limits_hit:

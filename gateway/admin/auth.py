@@ -114,7 +114,9 @@ class AdminAuth:
         origin as JSON (defence in depth beside SameSite=Strict against cross-site posts)."""
 
         async def guarded(request: web.Request) -> web.StreamResponse:
-            bearer = "Authorization" in request.headers
+            # a guess at our token, unlike a proxy's Basic login in front of the console
+            scheme = request.headers.get("Authorization", "").partition(" ")[0]
+            bearer = scheme.lower() == "bearer"
             client = request.remote or "unknown"
             if bearer and self.throttle.blocked(client):
                 return too_many_failures()
