@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -132,6 +133,28 @@ async def test_a_blocked_user_stops_retries_until_they_write_again(
     await gw.deliver(tg.message(ANA, "I unblocked you"))
     await until(lambda: len(tg.in_chat(ANA.id)) == 1)
     assert tg.in_chat(ANA.id)[0].text == "echo: I unblocked you"
+
+
+async def test_an_operator_can_send_a_blocked_reply_again_once_unblocked(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """The dead letter's retry was refused from the stored block without asking Telegram,
+    though the console answered "retried"."""
+    tg.blocked.add(ANA.id)
+    token = "operator-token-0123456789"
+    gw = await start(tg, f'streaming = false\n[admin]\ntoken = "{token}"\n')
+    await gw.deliver(tg.message(ANA, "first"))
+    await until(lambda: len(gw.outbox()) == 1 and gw.outbox()[0]["status"] == "failed")
+    tg.blocked.clear()  # unblocked, without writing
+    async with httpx.AsyncClient(base_url=gw.url, timeout=10) as admin:
+        r = await admin.post(
+            "/admin/api/dead-letters/retry",
+            json={"kind": "outbox", "id": 1},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert r.status_code == 202, r.text
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1)
+    assert tg.in_chat(ANA.id)[0].text == "echo: first"
 
 
 async def test_a_chunk_telegram_still_refuses_is_sent_as_plain_text(

@@ -52,12 +52,12 @@ class Delivery:
     def __init__(self, client: TelegramClient, store: Store, live: Live) -> None:
         self._client, self._store, self._live = client, store, live
         self._progress: LRUCache[int, _Progress] = LRUCache(PROGRESS_KEEP)
-        self._blocked: dict[int, float | None] = {}
+        self._blocked: dict[int, tuple[float, int] | None] = {}  # chat → (since, by part)
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         chat = await self._chat(int(key.conversation))
         thread = int(key.thread) if key.thread else None
-        await self._check_blocked(key, chat)
+        await self._check_blocked(key, chat, part.id)
         chunks = _chunks(part.reply, str(key))
         progress = await self._start(key, part, chat)
         # in the store while under way, so a stop midway finds it: which chunks went out,
@@ -79,7 +79,7 @@ class Delivery:
             raise
         except ChannelError as exc:
             if exc.code == BLOCKED:
-                await self._mark_blocked(chat)
+                await self._mark_blocked(chat, part.id)
             raise
         await self._live.delete(chat, progress.targets[len(chunks) :])  # previews left over
         self._progress.pop(part.id, None)
@@ -205,14 +205,18 @@ class Delivery:
             return InlineKeyboardMarkup([keys])
         return InlineKeyboardMarkup([[k] for k in keys])
 
-    async def _check_blocked(self, key: SessionKey, chat: int) -> None:
-        """Fail fast for a chat that blocked the bot, until the person writes again."""
+    async def _check_blocked(self, key: SessionKey, chat: int, part_id: int) -> None:
+        """Fail fast for a chat that blocked the bot, until the person writes again. The part
+        that found it out, or one before it, is tried for real: an operator sends a dead
+        letter again once the person unblocked the bot."""
         if chat not in self._blocked:
-            raw = await self._store.kv_get(BLOCKED_NS, str(chat))
-            self._blocked[chat] = float(raw) if raw else None
-        since = self._blocked[chat]
-        if since is None:
+            raw = (await self._store.kv_get(BLOCKED_NS, str(chat)) or "").split()
+            by = int(raw[1]) if len(raw) > 1 and raw[1].isdigit() else 0  # older: every part
+            self._blocked[chat] = (float(raw[0]), by) if raw else None
+        blocked = self._blocked[chat]
+        if blocked is None or part_id <= blocked[1]:
             return
+        since = blocked[0]
         last = await self._store.last_inbound_at(str(key))
         if last is not None and last > since:
             self._blocked[chat] = None
@@ -220,10 +224,10 @@ class Delivery:
             return
         raise ChannelError("the bot was blocked by the user", retryable=False, code=BLOCKED)
 
-    async def _mark_blocked(self, chat: int) -> None:
+    async def _mark_blocked(self, chat: int, part_id: int) -> None:
         now = time.time()
-        self._blocked[chat] = now
-        await self._store.kv_set(BLOCKED_NS, str(chat), repr(now))
+        self._blocked[chat] = (now, part_id)
+        await self._store.kv_set(BLOCKED_NS, str(chat), f"{now!r} {part_id}")
 
 
 def _chunks(reply: Reply, session: str) -> list[tuple[str, str]]:
