@@ -25,9 +25,7 @@ from core.store.sqlite import SqliteStore
 from gateway.cli import main
 
 
-def _no_wake(
-    self: SessionManager, key: SessionKey, *, arrived: bool, more_coming: bool = False
-) -> None:
+def _no_wake(self: SessionManager, key: SessionKey, *, arrived: bool) -> None:
     return None
 
 

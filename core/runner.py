@@ -47,7 +47,6 @@ class SessionRunner:
         self.policy = mgr.policy_for(key, profile)
         self.poked = True
         self.last_arrival = 0.0
-        self.parts_pending = False  # the last message is part of a post still arriving
         self.arrival = asyncio.Event()
         self.overflow_noticed = False
         self.coalesce = False  # a flood: answer everything queued together, whatever the mode
@@ -62,14 +61,11 @@ class SessionRunner:
         self.deliver_lock = asyncio.Lock()
         self.task = asyncio.create_task(self._main(), name=f"session {self.skey}")
 
-    def poke(self, *, arrived: bool, more_coming: bool = False) -> None:
-        """Something changed; `arrived`: a message, `more_coming`: a part of a post whose
-        other parts are on their way (the quiet window is at least PARTS_QUIET_S)."""
+    def poke(self, *, arrived: bool) -> None:
         self.poked = True
         if not arrived:
             return
         self.last_arrival = time.monotonic()
-        self.parts_pending = more_coming
         self.arrival.set()
         if self.policy.queue_mode is QueueMode.INTERRUPT:
             self.discard_turn()
@@ -162,6 +158,9 @@ class SessionRunner:
                 if self.poked:
                     continue
                 return
+            if (wait := _rest_of_post(items)) > 0:  # stored here or by another replica
+                await asyncio.sleep(wait)
+                continue
             session = await self.mgr.store.get_session(self.skey)
             if session.state.get("handoff"):
                 held = await self.mgr.store.hold_pending(self.skey)
@@ -205,8 +204,7 @@ class SessionRunner:
         """A quiet window after the last arrival, so a burst typed on a phone is one turn."""
         while True:
             self.arrival.clear()
-            quiet = max(self.policy.debounce_s, PARTS_QUIET_S if self.parts_pending else 0.0)
-            remaining = quiet - (time.monotonic() - self.last_arrival)
+            remaining = self.policy.debounce_s - (time.monotonic() - self.last_arrival)
             if remaining <= 0:
                 return
             try:
@@ -506,6 +504,15 @@ def _last_turns(entries: list[HistoryEntry], turns: int) -> list[HistoryEntry]:
     if turns <= 0:
         return []
     return entries[users[-turns] :] if len(users) >= turns else entries
+
+
+def _rest_of_post(items: list[InboxItem]) -> float:
+    """Seconds to wait for more parts of a post sent as several messages (an album), when
+    the newest pending message is one and came less than PARTS_QUIET_S ago."""
+    newest = items[-1].message
+    if newest.part_of is None:
+        return 0.0
+    return max(0.0, PARTS_QUIET_S - (time.time() - newest.received_at))
 
 
 def _burst(items: list[InboxItem], window_s: float) -> int:

@@ -221,7 +221,7 @@ class SessionManager:
         if verdict.notice and result.status is not InboxStatus.DUPLICATE:
             await self.notify(key, verdict.notice)
         if result.status is InboxStatus.PENDING:
-            self._wake(key, arrived=True, more_coming=msg.part_of is not None)
+            self._wake(key, arrived=True)
             runner = self._runners.get(str(key))
             if runner is not None and verdict.coalesce:
                 runner.coalesce = True
@@ -241,7 +241,7 @@ class SessionManager:
         """Return once no session has work in progress."""
         await self._idle.wait()
 
-    def _wake(self, key: SessionKey, *, arrived: bool, more_coming: bool = False) -> None:
+    def _wake(self, key: SessionKey, *, arrived: bool) -> None:
         if self._closing:
             return
         skey = str(key)
@@ -253,7 +253,7 @@ class SessionManager:
                 return
             runner = self._runners[skey] = SessionRunner(self, key, profile)
             self._idle.clear()
-        runner.poke(arrived=arrived, more_coming=more_coming)
+        runner.poke(arrived=arrived)
 
     async def notify(
         self, key: SessionKey, text: str, *, about: InboundMessage | None = None

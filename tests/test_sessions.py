@@ -462,6 +462,21 @@ async def test_the_parts_of_one_post_are_one_turn_in_followup_mode(
     ]
 
 
+async def test_parts_another_replica_stored_are_waited_for_too(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The wait went by the wake-up a part gave on this replica: parts stored by another one
+    (their wake-up says nothing of parts) let the turn start with half the album."""
+    rig: Rig = await make_rig()
+    await rig.manager.submit(msg("photo1", part_of="album-3"))
+    for word in ("photo2", "photo3"):
+        await asyncio.sleep(0.3)
+        await rig.store.put_inbound(str(key()), msg(word, part_of="album-3"), 100)
+        rig.manager._remote_arrival(str(key()))  # as a NOTIFY from the other replica
+    await settle(rig)
+    assert rig.outlet.texts() == ["echo: photo1 | photo2 | photo3"]
+
+
 async def test_a_turn_waiting_for_a_run_slot_answers_what_arrived_meanwhile(
     make_rig: Callable[..., Any],
 ) -> None:
