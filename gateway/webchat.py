@@ -34,7 +34,9 @@ class PostGate:
     """At most `limit` posts a minute from one client address (a bucket of `limit` that
     empties over a minute): one client cannot queue model runs without end and keep every
     channel's people waiting. Loopback is not limited (the machine itself, or a proxy on it
-    whose clients' addresses are not forwarded)."""
+    whose clients' addresses are not forwarded). A bucket, not the platforms' sliding window
+    (channels.limiter): it keeps one number per address, not the times of its last posts, for
+    up to ADDRESSES_MAX addresses."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit

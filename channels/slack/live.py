@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 UPDATE_INTERVAL = 1.0
 STREAM_INTERVAL = 0.5
 # chat.update is Tier 3 (50+ a minute per workspace): previews edit within 40, leaving room for
-# the final replies that replace them
+# the final replies that replace them (counted per replica; a 429 pushes the next edit back)
 PREVIEW_EDITS_PER_MINUTE = 40
 PREVIEWS_MAX = 1000
 PREVIEWS_NS = "slack_preview"  # session -> its newest run's preview message, until replaced
