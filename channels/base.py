@@ -21,8 +21,7 @@ from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 
-from core.errors import StoreError
-from core.models import InboundMessage, MessageKind, OutboundPart, SessionKey
+from core.models import InboundMessage, OutboundPart, SessionKey
 from core.outbox import Outlet
 from core.sessions import LiveOutlet
 from core.store import PutResult, Store
@@ -37,13 +36,9 @@ __all__ = [
     "LiveOutlet",
     "Outlet",
     "Refusals",
-    "quote_note",
-    "quoting",
     "read_body",
     "webhook_ok",
 ]
-
-QUOTE_MAX = 300  # characters of a quoted message the model reads
 
 _OK_BODY = b'{"ok":true}'  # a webhook's 200 answer, encoded once
 
@@ -51,30 +46,6 @@ _OK_BODY = b'{"ok":true}'  # a webhook's 200 answer, encoded once
 def webhook_ok() -> web.Response:
     """200 with {"ok": true}: a webhook stored (or deliberately ignored)."""
     return web.Response(body=_OK_BODY, content_type="application/json")
-
-
-def quote_note(whose: str, said: str, how: str = "in reply to") -> str:
-    """The note telling the model what a reply answers (a person's "this one" is in it)."""
-    if len(said) > QUOTE_MAX:
-        said = said[:QUOTE_MAX] + "…"
-    return f"{how} {whose}: «{said}»" if said else f"{how} {whose}"
-
-
-async def quoting(store: Store, msg: InboundMessage, how: str = "in reply to") -> InboundMessage:
-    """`msg` with a note of the message it replies to (`how`: or reacts to, or edits), when
-    the store knows that message (a reply of ours, or one the person sent); platforms that
-    quote only by id need this."""
-    if msg.reply_to is None or msg.kind not in (MessageKind.MESSAGE, MessageKind.EDIT):
-        return msg
-    try:
-        found = await store.quoted(msg.channel, msg.account, msg.reply_to)
-    except (StoreError, ValueError):  # a note is no reason to fail the message (nor is an
-        return msg  # old row the models cannot read)
-    if found is None:
-        return msg
-    role, said = found
-    note = quote_note("your message" if role == "assistant" else "their message", said, how)
-    return msg.model_copy(update={"notes": (*msg.notes, note)})
 
 
 class Submit(Protocol):

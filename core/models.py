@@ -71,6 +71,9 @@ class InboundMessage(BaseModel):
     command: str | None = None  # for kind=command: the name without the slash
     button_value: str | None = None  # for kind=button: the value of the pressed button
     reply_to: str | None = None  # platform id of the quoted message
+    # how the message relates to `reply_to` ("in reply to", "reacted to") when the platform
+    # names that message by id only: the turn reads its words from the store
+    quotes: str | None = None
     # a conversation several people write in (a group chat, a channel's thread): the model is
     # told who wrote each message
     shared: bool = False

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, ToolStep, Turn
-from core.agent.prompt import describe_inbound, history_messages, system_prompt
+from core.agent.prompt import describe_inbound, history_messages, quote_note, system_prompt
 from core.agent.tools import CONSENT
 from core.errors import StoreError, SwitchboardError
 from core.logcontext import about
-from core.models import MessageKind, Reply, SessionKey
+from core.models import InboundMessage, MessageKind, Reply, SessionKey
 from core.policies import (
     HELP_REPLY,
     RESET_REPLY,
@@ -222,7 +222,8 @@ class SessionRunner:
         self.run = run
         self.overflow_noticed = False
         self.batch_ids = set(run.inbox_ids)
-        self.batch_texts = [describe_inbound(i.message) for i in batch]
+        described = {i.id: describe_inbound(await self._quoting(i.message)) for i in batch}
+        self.batch_texts = list(described.values())
         if session is None:
             session = await self.mgr.store.get_session(self.skey)
         turns = self.policy.history_turns
@@ -253,7 +254,7 @@ class SessionRunner:
             # reservation, which must not stay
             if over:  # in a group: answer the others, and tell those over their limit
                 self.batch_texts = [
-                    describe_inbound(i.message) for i in batch if i.message.sender.id not in over
+                    described[i.id] for i in batch if i.message.sender.id not in over
                 ]
                 turn.user_texts = list(self.batch_texts)
                 turn.senders = tuple(s for s in turn.senders if s not in over)
@@ -409,12 +410,28 @@ class SessionRunner:
             if _is_command(item) or _confirmation(item) is not None:
                 break
             new.append(item)
-        texts = [describe_inbound(i.message) for i in new]
+        texts = [describe_inbound(await self._quoting(i.message)) for i in new]
         self.batch_ids.update(i.id for i in new)
         self.batch_texts.extend(texts)
         if self.run is not None:
             self.run.inbox_ids.extend(i.id for i in new)
         return texts
+
+    async def _quoting(self, msg: InboundMessage) -> InboundMessage:
+        """`msg` with a note of what it quotes, when its platform names that message by id
+        only and the store knows it (our reply, or one the person sent). Read here, once the
+        webhook has been answered."""
+        if msg.quotes is None or msg.reply_to is None or msg.kind is MessageKind.BUTTON:
+            return msg
+        try:
+            found = await self.mgr.store.quoted(msg.channel, msg.account, msg.reply_to)
+        except (StoreError, ValueError):  # a note is no reason to fail the turn (nor is an
+            return msg  # old row the models cannot read)
+        if found is None:
+            return msg
+        role, said = found
+        whose = "your message" if role == "assistant" else "their message"
+        return msg.model_copy(update={"notes": (*msg.notes, quote_note(whose, said, msg.quotes))})
 
     async def _command(self, item: InboxItem) -> None:
         name = item.message.command

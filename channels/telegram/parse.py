@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from channels.base import quote_note
 from channels.telegram.media import MediaRef, media_of
+from core.agent.prompt import quote_note
 from core.models import InboundMessage, MessageKind, Sender
 
 __all__ = ["Identity", "Incoming", "ParseOptions", "Update", "message_id_of", "normalize", "quoted"]

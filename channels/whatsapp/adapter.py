@@ -22,7 +22,7 @@ from aiohttp import web
 from cachetools import LRUCache
 from pydantic import SecretStr
 
-from channels.base import BadInput, ChannelContext, Refusals, quoting, read_body, webhook_ok
+from channels.base import BadInput, ChannelContext, Refusals, read_body, webhook_ok
 from channels.mend import mend_json
 from channels.order import Turns
 from channels.whatsapp.client import GraphClient
@@ -31,7 +31,6 @@ from channels.whatsapp.menus import Menus
 from channels.whatsapp.outbound import match_menu
 from channels.whatsapp.parse import (
     CHANNEL,
-    REACTED,
     Incoming,
     MediaRef,
     StatusReport,
@@ -167,16 +166,7 @@ class WhatsAppAdapter:
             # before it is stored: a notice submit queues (to a stranger the allowlist
             # refuses, who is not stored) may go out at once, inside the window they opened
             self._sender.heard(session, msg.received_at)
-            msg = await self._menu_choice(msg, session)
-            how = (
-                "reacted to"
-                if msg.text.startswith(REACTED)
-                else "the earlier version of"
-                if msg.kind is MessageKind.EDIT
-                else "in reply to"
-            )
-            msg = await quoting(self._ctx.store, msg, how)
-            await self._ctx.submit(msg, key)
+            await self._ctx.submit(await self._menu_choice(msg, session), key)
             self._recent[_rid(msg)] = None
 
     async def _menu_choice(self, msg: InboundMessage, session: str) -> InboundMessage:

@@ -45,7 +45,6 @@ class _M(BaseModel):
 
 
 _T = TypeVar("_T", bound=_M)
-REACTED = "[reacted with"  # how a reaction reads
 _Fields = dict[str, Any]  # what every message has, before its type adds the rest
 
 
@@ -396,6 +395,7 @@ def _message(
         "sender": Sender(id=user, name=names.get(user)),
         "platform_id": m.id,
         "reply_to": m.context.id if m.context else None,
+        "quotes": "in reply to" if m.context and m.context.id else None,  # by id only
         "received_at": received,
         "notes": _notes(m),
     }
@@ -438,8 +438,8 @@ def _content(m: _Message, base: _Fields) -> Event | None:
     if kind == "reaction" and m.reaction is not None:
         if not m.reaction.emoji or not m.reaction.message_id:
             return None  # a reaction removed
-        text = f"{REACTED} {m.reaction.emoji} to {m.reaction.message_id}]"
-        return Incoming(_with(base, text=text, reply_to=m.reaction.message_id))
+        text = f"[reacted with {m.reaction.emoji} to {m.reaction.message_id}]"
+        return Incoming(_with(base, text=text, reply_to=m.reaction.message_id, quotes="reacted to"))
     if kind == "edit" and m.edit is not None:
         return _edit(m, base, m.edit)
     if kind in IGNORED_TYPES:
@@ -504,7 +504,11 @@ def _edit(m: _Message, base: _Fields, edit: _Edit) -> Event | None:
     event = _content(inner, base) if inner is not None else None
     if isinstance(event, Incoming):
         edited = event.message.model_copy(
-            update={"kind": MessageKind.EDIT, "reply_to": edit.original_message_id}
+            update={
+                "kind": MessageKind.EDIT,
+                "reply_to": edit.original_message_id,
+                "quotes": "the earlier version of",
+            }
         )
         return Incoming(edited, event.media)
     return event
