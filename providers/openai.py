@@ -145,9 +145,14 @@ def _passing(error: object) -> bool:
     if not isinstance(error, dict):
         return False
     code, kind = error.get("code"), error.get("type")
-    if isinstance(code, int) and (code == 429 or code >= 500):  # OpenRouter: HTTP-like codes
+    if isinstance(code, int) and _passing_status(code):  # OpenRouter: HTTP statuses as codes
         return True
     return any(isinstance(v, str) and _PASSING.search(v) for v in (code, kind))
+
+
+def _passing_status(status: int) -> bool:
+    """An HTTP status worth asking again after."""
+    return status in (408, 409, 425, 429) or status >= 500
 
 
 class _ToolCallAssembler:
@@ -231,10 +236,9 @@ def _raise_for_status(status: int, headers: Mapping[str, str], text: str) -> Non
     except ValueError:
         retry_after = None
     detail = text[:200].replace("\n", " ")
-    retryable = status in (408, 409, 425, 429) or status >= 500
     raise ModelError(
         f"model endpoint answered HTTP {status}: {detail}",
-        retryable=retryable,
+        retryable=_passing_status(status),
         retry_after=retry_after,
         status=status,
     )
