@@ -726,7 +726,12 @@ async def test_the_wal_is_checkpointed_beside_the_writer_and_starts_over(
         assert len(await store.pending(S1)) == written // 4000
         # (closing the last connection checkpoints and removes the WAL: read it while open)
         assert path.stat().st_size > written / 2  # copied into the database
-        assert wal.stat().st_size < written / 2  # and the WAL was started over
+        # and the WAL is started over: by the next writes once the checkpoint has caught up
+        # (on a loaded machine it may still be behind when the burst ends)
+        async with asyncio.timeout(10):
+            while wal.stat().st_size >= written / 2:
+                await store.put_inbound(S1, msg(text="y"), 100_000)
+                await asyncio.sleep(0.05)
     finally:
         await store.aclose()
 
