@@ -108,9 +108,11 @@ class _Context(logging.Filter):
 
 
 class _WebSessionIds(logging.Filter):
-    """A web chat's session key ends in the browser's cookie, its only credential: whoever
-    read it in a log could open that chat. Lines show its first 6 characters (as the console
-    names a web visitor), enough to tell visitors apart."""
+    """A web chat started before its cookie was a secret has the cookie itself, its only
+    credential, at the end of its session key: whoever read it in a log could open that chat.
+    Lines show its first 6 characters (as the console names a web visitor), enough to tell
+    visitors apart. (Newer keys end in a digest of the cookie, "c.…", which is no credential
+    and is shown whole.)"""
 
     _KEY = re.compile(r"(:web:[^:\s]+:)([A-Za-z0-9_-]{6})[A-Za-z0-9_-]{10,58}")
 

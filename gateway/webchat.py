@@ -9,13 +9,14 @@ import ipaddress
 import math
 import random
 from importlib import resources
+from typing import NamedTuple
 
 from aiohttp import web
 from aiolimiter import AsyncLimiter
 from cachetools import LRUCache
 
 from channels.base import BadInput
-from channels.web import WebChat, new_session_id, valid_session_id
+from channels.web import WebChat, conversation_of, new_secret, valid_secret
 from core.store import InboxStatus
 from gateway.http import json_error, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
@@ -23,6 +24,8 @@ from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 __all__ = ["PostGate", "add_routes"]
 
 COOKIE = "switchboard_chat"
+HOST_COOKIE = "__Host-" + COOKIE  # over HTTPS
+LEGACY_LEN = 32  # a cookie from before they were secrets: the conversation id itself
 COOKIE_AGE_S = 60 * 60 * 24 * 365
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
@@ -73,32 +76,67 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/chat/events", events)
 
 
-def _session(request: web.Request) -> tuple[str, bool]:
-    """The browser's chat session id from its cookie, or a new one (True when new)."""
-    value = request.cookies.get(COOKIE)
-    if valid_session_id(value):
-        assert value is not None
-        return value, False
-    return new_session_id(), True
+class _Browser(NamedTuple):
+    conversation: str
+    cookie: str | None  # a new secret to set, when the browser brought none
 
 
-def _set_cookie(response: web.StreamResponse, session_id: str, request: web.Request) -> None:
+async def _browser(request: web.Request) -> _Browser:
+    """The conversation the browser's cookie opens, or a new one (with its cookie).
+
+    Over HTTPS the cookie is `__Host-` prefixed: only this host can set it, so a page on a
+    sibling subdomain cannot plant a cookie it knows (and read the chat the person then has).
+    Over plain HTTP nothing can stop that."""
+    if request.secure:
+        secret = request.cookies.get(HOST_COOKIE)
+        if valid_secret(secret):
+            assert secret is not None
+            return _Browser(conversation_of(secret), None)
+        if await _before_upgrade(request, request.cookies.get(COOKIE)):
+            return _Browser(request.cookies[COOKIE], None)
+    else:
+        secret = request.cookies.get(COOKIE)
+        if valid_secret(secret):
+            assert secret is not None
+            if await _before_upgrade(request, secret):
+                return _Browser(secret, None)
+            return _Browser(conversation_of(secret), None)
+    secret = new_secret()
+    return _Browser(conversation_of(secret), secret)
+
+
+async def _before_upgrade(request: web.Request, value: str | None) -> bool:
+    """Whether `value` is a cookie set before cookies were secrets (the conversation id itself,
+    32 characters), whose conversation exists: that browser keeps its conversation. No such
+    conversation starts any more, so a planted one can only name one from before."""
+    if value is None or len(value) != LEGACY_LEN or not valid_secret(value):
+        return False
+    runtime = request.app[RUNTIME]
+    key = str(runtime.manager.session_key(WebChat.name, "default", value))
+    if (await runtime.store.get_session(key)).epoch:
+        return True
+    return bool(await runtime.store.transcript(key, 1))
+
+
+def _set_cookie(response: web.StreamResponse, secret: str | None, request: web.Request) -> None:
     """Over HTTPS the cookie also works where the chat is framed by a page of another site
     (a shop on its own domain): SameSite=None, so the browser sends it from the frame, and
     Partitioned, so it is kept per embedding site (browsers refuse unpartitioned third-party
     cookies). Posts from another origin are refused anyway (`post_message`), and only the
     chat's own origin can read its answers. Over plain HTTP (a Secure cookie would never come
     back) it stays SameSite=Lax: first-party only."""
+    if secret is None:
+        return
     if not request.secure:
         response.set_cookie(
-            COOKIE, session_id, max_age=COOKIE_AGE_S, httponly=True, samesite="Lax", path="/"
+            COOKIE, secret, max_age=COOKIE_AGE_S, httponly=True, samesite="Lax", path="/"
         )
         return
     # written out: Python's cookie module before 3.14 refuses the Partitioned attribute (the
-    # id is letters, digits, - and _: nothing to quote)
+    # secret is letters, digits, - and _: nothing to quote)
     response.headers.add(
         "Set-Cookie",
-        f"{COOKIE}={session_id}; Max-Age={COOKIE_AGE_S}; Path=/; HttpOnly; Secure; "
+        f"{HOST_COOKIE}={secret}; Max-Age={COOKIE_AGE_S}; Path=/; HttpOnly; Secure; "
         "SameSite=None; Partitioned",
     )
 
@@ -122,9 +160,7 @@ async def page(request: web.Request) -> web.StreamResponse:
             "Cache-Control": "no-store",
         }
     )
-    session_id, new = _session(request)
-    if new:
-        _set_cookie(response, session_id, request)
+    _set_cookie(response, (await _browser(request)).cookie, request)
     return response
 
 
@@ -135,10 +171,10 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     if not same_origin(request, request.app[SETTINGS].server.public_url):
         return json_error(403, "cross-origin request refused")
     chat: WebChat = request.app[WEBCHAT]
-    session_id, new = _session(request)
+    browser = await _browser(request)
     body = await read_json(request)
     try:
-        msg = chat.parse(session_id, body)
+        msg = chat.parse(browser.conversation, body)
     except BadInput as exc:
         return json_error(400, str(exc))
     wait = await request.app[GATE].retry_after(request.remote or "unknown")
@@ -158,16 +194,17 @@ async def post_message(request: web.Request) -> web.StreamResponse:
         },
         status=202,
     )
-    if new:
-        _set_cookie(response, session_id, request)
+    _set_cookie(response, browser.cookie, request)
     return response
 
 
 async def history(request: web.Request) -> web.StreamResponse:
-    session_id, new = _session(request)
+    browser = await _browser(request)
     messages = []
-    if not new:
-        key = request.app[RUNTIME].manager.session_key(WebChat.name, "default", session_id)
+    if browser.cookie is None:
+        key = request.app[RUNTIME].manager.session_key(
+            WebChat.name, "default", browser.conversation
+        )
         entries = await request.app[RUNTIME].store.transcript(str(key), HISTORY_LIMIT)
         messages = [
             {
@@ -180,14 +217,13 @@ async def history(request: web.Request) -> web.StreamResponse:
             for e in entries
         ]
     response = web.json_response({"messages": messages})
-    if new:
-        _set_cookie(response, session_id, request)
+    _set_cookie(response, browser.cookie, request)
     return response
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     chat: WebChat = request.app[WEBCHAT]
-    session_id, new = _session(request)
+    browser = await _browser(request)
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -195,10 +231,9 @@ async def events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
-    if new:
-        _set_cookie(response, session_id, request)
+    _set_cookie(response, browser.cookie, request)
     await response.prepare(request)
-    queue = chat.subscribe(session_id)
+    queue = chat.subscribe(browser.conversation)
     try:
         # when the stream ends (a restart, news missed on a replica), pages come back spread
         # over a few seconds, not all at once
@@ -214,7 +249,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     except ConnectionResetError:
         pass
     finally:
-        chat.unsubscribe(session_id, queue)
+        chat.unsubscribe(browser.conversation, queue)
         with contextlib.suppress(Exception):
             await response.write_eof()
     return response

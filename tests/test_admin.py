@@ -20,6 +20,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from channels.web import conversation_of
 from core.errors import ConfigError
 from core.models import InboundMessage, Reply, Sender, SessionKey
 from core.store import Quota, RunRecord, Store
@@ -103,7 +104,7 @@ async def chat_browser(gw: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 
 def web_key(gw: Gateway, client: httpx.AsyncClient) -> SessionKey:
     cookie = client.cookies["switchboard_chat"]
-    return gw.runtime.manager.session_key("web", "default", cookie)
+    return gw.runtime.manager.session_key("web", "default", conversation_of(cookie))
 
 
 async def say(client: httpx.AsyncClient, text: str) -> None:
@@ -606,7 +607,7 @@ async def test_usage_per_day_channel_agent_and_quotas(
         await wait_replies(browser, 2)
         await say(browser, "three")  # past the quota: refused, no run of the model
         await wait_replies(browser, 3)
-        sender = browser.cookies["switchboard_chat"]
+        sender = conversation_of(browser.cookies["switchboard_chat"])
         data = (await admin.get("/admin/api/usage", params={"days": 7})).json()
     today = time.strftime("%Y-%m-%d", time.gmtime())
     assert len(data["days"]) == 7

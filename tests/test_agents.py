@@ -10,6 +10,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from channels.web import conversation_of
 from core.errors import ConfigError
 from core.routing import Binding, Router
 from gateway.agents_config import AgentOverride, AgentSettings
@@ -120,7 +121,8 @@ async def gateway(tmp_path: Path, fake_openai: FakeOpenAI) -> AsyncIterator[str]
         f'[model]\nprovider = "openai"\nbase_url = "{fake_openai.url}"\nname = "fake"\n'
         '[agent]\ninstructions = "You are the front desk."\n'
         '[agents.vip]\ninstructions = "You are the VIP concierge."\ntools = ["current_time"]\n'
-        '[[bindings]]\nagent = "vip"\nchannel = "web"\nconversation = "vip-customer-0001"\n',
+        '[[bindings]]\nagent = "vip"\nchannel = "web"\n'
+        f'conversation = "{conversation_of("vip-customer-0001")}"\n',
     )
     runner, url = await serve(build_app(load_settings(config)))
     yield url

@@ -16,13 +16,15 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from channels.web.adapter import QUEUE_SIZE, WebChat
+from channels.web.adapter import QUEUE_SIZE, WebChat, conversation_of
 from core.agent.builtin import BUTTON_VALUE_MAX
 from core.models import SessionKey
+from core.store.admin import console
 from core.store.postgres import PostgresStore
 from gateway.app import build_app
+from gateway.keys import RUNTIME
 from gateway.settings import load_settings
-from gateway.webchat import PostGate
+from gateway.webchat import LEGACY_LEN, PostGate
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls, last_user_text
 
 SSE_TIMEOUT = 15.0
@@ -368,6 +370,71 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
             assert (r.status_code, "error" in r.json()) == (status, status != 202), headers
         wrong = await client.get("/chat/messages")
         assert (wrong.status_code, wrong.headers["Allow"]) == (405, "POST")
+
+
+async def test_the_cookie_is_a_secret_that_no_other_site_can_plant(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """The cookie is the chat's only credential. The conversation id the store, the logs and
+    the console show is a digest of it, not the cookie (an operator, or whoever read a log,
+    could open the chat). Over HTTPS its name is `__Host-` prefixed, so a page on a sibling
+    subdomain cannot plant one it knows and then read what the person writes; a browser that
+    still has a cookie from before keeps its conversation."""
+    config = write_config(tmp_path, None)
+    server = '[server]\npublic_url = "https://chat.example"\ntrust_forwarded = true\n'
+    config.write_text(config.read_text().replace("[server]\n", server))
+    gw: Gateway = await start_gateway(config)
+    https = {"X-Forwarded-Proto": "https"}
+
+    def cookies(name: str, value: str, secure: bool = True) -> dict[str, str]:
+        return {**(https if secure else {}), "Cookie": f"{name}={value}"}
+
+    async def texts(client: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
+        r = await client.get("/chat/history", headers=headers)
+        return [m["text"] for m in r.json()["messages"]]
+
+    async with gw.client() as client:
+        page = await client.get("/", headers=https)
+        name, rest = page.headers["set-cookie"].split("=", 1)
+        assert name == "__Host-switchboard_chat"
+        secret = rest.split(";")[0]
+        assert "domain=" not in rest.lower()
+        assert "path=/;" in rest.lower()
+        planted = "planted-by-a-sibling-site-0001"
+        r = await client.post(
+            "/chat/messages",
+            json={"text": "my card number", "client_id": "c1"},
+            headers=cookies("switchboard_chat", planted),
+        )
+        assert r.status_code == 202
+        own = r.headers["set-cookie"].split("=", 1)[1].split(";")[0]
+        assert own not in (planted, secret)
+        assert await texts(client, cookies("switchboard_chat", planted, secure=False)) == []
+        assert await texts(client, cookies("switchboard_chat", planted)) == []
+        assert await texts(client, cookies("__Host-switchboard_chat", own)) == ["my card number"]
+
+        runtime = gw.runner.app[RUNTIME]
+        keys = [s.key for s in await console(runtime.store).sessions(10)]
+        assert keys == [f"default:web:default:{conversation_of(own)}"]
+        shown = keys[0].rsplit(":", 1)[1]
+        assert own not in keys[0]
+        for value in (shown, shown.removeprefix("c.")):  # what the console shows is no key
+            assert await texts(client, cookies("switchboard_chat", value, secure=False)) == []
+
+        before = "Legacy0123456789abcdefghijKLMNOP"  # a cookie as they were: the id itself
+        assert len(before) == LEGACY_LEN
+        msg = WebChat().parse(before, {"text": "from before", "client_id": "old-1"})
+        await runtime.manager.submit(msg)
+        for secure in (False, True):
+            r = await client.get(
+                "/chat/history", headers=cookies("switchboard_chat", before, secure)
+            )
+            assert [m["text"] for m in r.json()["messages"]] == ["from before"]
+            assert "set-cookie" not in r.headers
+        unknown = "Unknown123456789abcdefghijKLMNOP"  # the same shape, no such conversation
+        r = await client.get("/chat/history", headers=cookies("switchboard_chat", unknown, True))
+        assert r.json()["messages"] == []
+        assert "__Host-" in r.headers["set-cookie"]
 
 
 async def test_one_client_address_cannot_post_without_limit(

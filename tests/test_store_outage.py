@@ -35,6 +35,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
+from channels.web import conversation_of
 from core.errors import StoreError
 from core.models import SessionKey
 from core.store import SqliteStore, Store
@@ -51,7 +52,7 @@ from tests.fake_whatsapp import sign as wa_sign
 WA_USER = "15551234567"
 DM = "D0DM000001"
 COOKIE = {"Cookie": "switchboard_chat=outage-browser-session-0001"}
-WEB_SESSION = "outage-browser-session-0001"
+WEB_SESSION = conversation_of("outage-browser-session-0001")
 
 
 class Outage:

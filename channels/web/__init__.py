@@ -1,5 +1,5 @@
 """The web chat channel."""
 
-from channels.web.adapter import WebChat, new_session_id, valid_session_id
+from channels.web.adapter import WebChat, conversation_of, new_secret, valid_secret
 
-__all__ = ["WebChat", "new_session_id", "valid_session_id"]
+__all__ = ["WebChat", "conversation_of", "new_secret", "valid_secret"]

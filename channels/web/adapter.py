@@ -12,6 +12,8 @@ only by the replica that took it; every reply reaches every open page.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import logging
 import re
@@ -31,14 +33,14 @@ from core.models import InboundMessage, MessageKind, OutboundPart, Sender, Sessi
 from core.policies import KvWatchingStore, NotifyingStore
 from core.store import Store
 
-__all__ = ["WebChat", "new_session_id", "valid_session_id"]
+__all__ = ["WebChat", "conversation_of", "new_secret", "valid_secret"]
 
 CHANNEL = "web"
 OUTPUT_RULES = (
     "The web chat renders Markdown: **bold**, *italic*, `code`, fenced code blocks, lists and "
     "links. Keep answers short; use a list when there are several items."
 )
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+_SECRET = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 _COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)", re.IGNORECASE)  # phones: /Reset
 QUEUE_SIZE = 1000
 NS_REPLIES = "web.replies"  # "<replica> <session key>" -> its newest reply part, announced
@@ -48,12 +50,21 @@ CATCH_UP = 20  # transcript entries read for a reply sent by another replica
 log = logging.getLogger(__name__)
 
 
-def new_session_id() -> str:
-    return secrets.token_urlsafe(24)
+def new_secret() -> str:
+    """A browser's cookie: 43 characters (those set before it was a secret had 32)."""
+    return secrets.token_urlsafe(32)
 
 
-def valid_session_id(value: str | None) -> bool:
-    return value is not None and bool(_SESSION_ID.match(value))
+def valid_secret(value: str | None) -> bool:
+    return value is not None and bool(_SECRET.match(value))
+
+
+def conversation_of(secret: str) -> str:
+    """The conversation a browser's cookie opens: a digest of it, so the id that the store, the
+    logs and the console show is no credential (and, holding a ".", which no cookie may,
+    cannot be sent back as one)."""
+    digest = hashlib.sha256(secret.encode()).digest()[:24]
+    return "c." + base64.urlsafe_b64encode(digest).decode()
 
 
 class _PostBody(BaseModel):
