@@ -175,6 +175,8 @@ class SessionRunner:
             if head.message.kind is MessageKind.COMMAND and head.message.command in COMMANDS:
                 await self._command(head)
                 continue
+            if await self._drop_repeats(items):
+                continue
             waits = self.mgr._slots.locked()  # the session may change while this run waits
             async with self.mgr._slots:
                 if self.mgr._closing:
@@ -182,7 +184,7 @@ class SessionRunner:
                 if waits:  # what arrived while this waited for a run slot counts too, and an
                     # operator may have taken the session meanwhile
                     items = await self.mgr.store.pending(self.skey)
-                    if not items or _is_command(items[0]):
+                    if not items or _is_command(items[0]) or await self._drop_repeats(items):
                         continue
                     session = await self.mgr.store.get_session(self.skey)
                     if session.state.get("handoff"):
@@ -455,6 +457,30 @@ class SessionRunner:
         await self.mgr.store.complete_turn(
             self.mgr.owner, run, "", [Reply(text=text)], remember=False
         )
+
+    async def _drop_repeats(self, items: list[InboxItem]) -> bool:
+        """Mark answered, with no reply, the presses that repeat one this replica took (another
+        replica stored them: its own check could not know). True when there were any."""
+        repeats = self.mgr.taken.repeats(self.skey, items)
+        if not repeats:
+            return False
+        now = time.time()
+        run = RunRecord(
+            id=uuid.uuid4().hex,
+            session=self.skey,
+            started_at=now,
+            status="command",  # answered by the gateway itself, with no model call
+            ended_at=now,
+            inbox_ids=[i.id for i in repeats],
+            detail={"repeated_press": True},
+        )
+        await self.mgr.store.complete_turn(self.mgr.owner, run, "", [], remember=False)
+        log.info(
+            "%d button press(es) repeated one taken already: one press",
+            len(repeats),
+            extra={"session": self.skey, "channel": self.key.channel},
+        )
+        return True
 
     async def notice(self, text: str) -> None:
         """A notice now, in the middle of a turn: sent at once by the lease holder; without

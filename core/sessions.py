@@ -30,7 +30,7 @@ from core.policies import (
     QuotaPolicy,
     SessionPolicy,
 )
-from core.presses import Presses
+from core.presses import Presses, Taken
 from core.routing import Router
 from core.runner import SessionRunner
 from core.store.base import InboxStatus, PutResult, Store
@@ -80,6 +80,7 @@ class SessionManager:
         # the outlets that show a run as it happens (checked once: a Protocol isinstance is slow)
         self.live = {ch: o for ch, o in outlets.items() if isinstance(o, LiveOutlet)}
         self.presses = Presses()  # a button tapped twice is pressed once
+        self.taken = Taken()  # ... when the second tap reached another replica too
         self.owner = owner or f"replica-{uuid.uuid4().hex[:12]}"
         self.telemetry: Telemetry = telemetry or NullTelemetry()
         self.access = AccessControl(access or {}, store)

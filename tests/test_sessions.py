@@ -969,6 +969,30 @@ async def test_a_double_tap_is_one_turn(make_rig: Callable[..., Any]) -> None:
     assert len(rig.model.requests) == 1
 
 
+async def test_a_double_tap_whose_second_tap_reached_another_replica_is_one_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    """Each replica remembers only the taps it stored: a second tap that another replica stored,
+    while the first one's turn ran or before it began, was answered again."""
+    rig: Rig = await make_rig(delay_s=0.3)
+    skey = str(key())
+    await rig.manager.submit(press("yes"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    await rig.store.put_inbound(skey, press("yes"), 100)  # by the other replica
+    rig.manager._remote_arrival(skey)
+    await settle(rig)
+    assert len(rig.model.requests) == 1
+    assert await rig.store.pending(skey) == []
+    for _ in range(2):  # both stored before the turn began
+        await rig.store.put_inbound(skey, press("no"), 100)
+    rig.manager._remote_arrival(skey)
+    await settle(rig)
+    assert len(rig.model.requests) == 2
+    assert rig.outlet.texts()[-1].count("pressed the button") == 1
+    assert await rig.store.pending(skey) == []
+
+
 async def test_a_new_message_a_new_value_or_another_person_is_a_new_press(
     make_rig: Callable[..., Any],
 ) -> None:
