@@ -8,8 +8,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from cachetools import LRUCache
-
 __all__ = ["KeyedLimiter"]
 
 
@@ -24,10 +22,13 @@ class _Window:
 
 
 class KeyedLimiter:
-    """At most `rate` acquisitions in any `period` seconds for each key, remembering the
-    busiest `max_keys` keys. A sliding window, as the platforms count ("20 messages a minute
-    to a group"): a token bucket lets a full burst through and then refills, so almost twice
-    the rate passed in the first period and the platform answered 429."""
+    """At most `rate` acquisitions in any `period` seconds for each key. A sliding window, as
+    the platforms count ("20 messages a minute to a group"): a token bucket lets a full burst
+    through and then refills, so almost twice the rate passed in the first period and the
+    platform answered 429.
+
+    Past `max_keys` keys, those with nothing in their window (and no one waiting) are
+    forgotten; a key still counting is never forgotten, or its next sends would burst."""
 
     def __init__(
         self,
@@ -39,7 +40,8 @@ class KeyedLimiter:
     ) -> None:
         whole = max(1, math.ceil(rate))  # 2.5 a second: 3 in 1.2 s; 0.5: 1 in 2 s
         self._rate, self._period, self._clock = whole, period * whole / rate, clock
-        self._windows: LRUCache[str, _Window] = LRUCache(max_keys)
+        self._windows: dict[str, _Window] = {}
+        self._max_keys = self._prune_at = max_keys
 
     async def acquire(self, key: str) -> None:
         """Wait until the key has room, then count one (waiters go in the order they came)."""
@@ -70,5 +72,18 @@ class KeyedLimiter:
     def _window(self, key: str) -> _Window:
         window = self._windows.get(key)
         if window is None:
+            if len(self._windows) >= self._prune_at:
+                self._prune()
             window = self._windows[key] = _Window(self._rate)
         return window
+
+    def _prune(self) -> None:
+        """Forget the keys whose window is empty; if most are still counting, look again only
+        once there are twice as many (each look reads every key)."""
+        since = self._clock() - self._period
+        self._windows = {
+            key: w
+            for key, w in self._windows.items()
+            if w.lock.locked() or (w.times and w.times[-1] > since)
+        }
+        self._prune_at = max(self._max_keys, 2 * len(self._windows))

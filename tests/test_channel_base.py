@@ -99,6 +99,22 @@ async def test_keyed_limiter_below_one_a_period_spaces_them_out() -> None:
     assert await fractional.take("n") == pytest.approx(1.2)
 
 
+async def test_keyed_limiter_forgets_only_keys_that_are_no_longer_counting() -> None:
+    """Past max_keys it forgot the least recently used key, even one whose window was full:
+    that key's next sends went out as a burst on top of the window's (the platform's 429)."""
+    now = [0.0]
+    limiter = KeyedLimiter(2, 60.0, max_keys=3, clock=lambda: now[0])
+    assert [await limiter.take("busy") for _ in range(2)] == [None, None]
+    for i in range(10):
+        now[0] += 1
+        assert await limiter.take(f"chat-{i}") is None
+    assert await limiter.take("busy") == pytest.approx(50.0)
+    now[0] += 120  # every window empty: new keys let them go
+    for i in range(30):
+        assert await limiter.take(f"new-{i}") is None
+    assert sorted(limiter._windows) == sorted(f"new-{i}" for i in range(30))
+
+
 async def test_send_buttons_reach_the_run_outcome() -> None:
     model = ScriptedModel()
     model.add(
