@@ -287,6 +287,9 @@ def _serving(url: str) -> None:
         print(f"Switchboard serving on {url} (Ctrl+C to stop)")
 
 
+IDLE_S = 75.0
+
+
 def _run(settings: Settings) -> int:
     host = settings.server.host
     sockets = _listen(host, settings.server.port)  # before anything starts
@@ -300,6 +303,10 @@ def _run(settings: Settings) -> int:
             shutdown_timeout=5.0,
             access_log=None,
             lingering_time=LINGER_S,  # then a 408's connection closes (aiohttp's default: 10 s)
+            # a connection with no whole request for this long is closed: one that never ends its
+            # headers, or sits idle (aiohttp's default, an hour, let one client hold every file
+            # descriptor); longer than a proxy's idle upstream connections (nginx: 60 s)
+            keepalive_timeout=IDLE_S,
             print=lambda _: _serving(_url(host, port)),
         )
     except GracefulExit:  # a second SIGTERM or Ctrl+C during the drain cut it short

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import ipaddress
 import json
 import logging
 import re
@@ -116,6 +117,32 @@ def same_origin(request: web.Request, public_url: str | None) -> bool:
     netloc = urlsplit(origin).netloc.lower()
     ours = {request.host.lower(), urlsplit(public_url or "").netloc.lower()} - {""}
     return netloc in ours
+
+
+def over_https(request: web.Request, public_url: str | None) -> bool:
+    """Whether the browser came over HTTPS: directly, as a trusted proxy says, or by the public
+    URL's host when that URL is https (a proxy in front, whose forwarded headers are not
+    trusted, still serves that URL over TLS)."""
+    if request.secure:
+        return True
+    public = urlsplit(public_url or "")
+    return public.scheme == "https" and request.host.lower() == public.netloc.lower()
+
+
+def client_key(address: str | None) -> str:
+    """Whom a client address stands for in a rate limit: an IPv6 address's /64 (one
+    subscriber's whole network; counting each address let a client rotate past any limit)."""
+    if not address:
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 def page_csp(html: str, *, framing: str) -> str:

@@ -8,6 +8,7 @@ import functools
 import ipaddress
 import math
 import random
+import resource
 from importlib import resources
 from typing import NamedTuple
 
@@ -18,7 +19,7 @@ from cachetools import LRUCache
 from channels.base import BadInput
 from channels.web import WebChat, conversation_of, new_secret, valid_secret
 from core.store import InboxStatus
-from gateway.http import json_error, page_csp, read_json, same_origin
+from gateway.http import client_key, json_error, over_https, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
 __all__ = ["PostGate", "add_routes"]
@@ -31,6 +32,7 @@ HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
 GATE_WINDOW_S = 60.0
 ADDRESSES_MAX = 100_000  # client addresses whose recent posts are counted
+PRIVATE = {"Cache-Control": "no-store", "Vary": "Cookie"}  # one browser's own conversation
 
 
 class PostGate:
@@ -49,9 +51,10 @@ class PostGate:
         """None, counting the post, when the address may post now; else seconds to wait."""
         if not self._limit or _loopback(address):
             return None
-        bucket = self._buckets.get(address)
+        key = client_key(address)
+        bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[address] = AsyncLimiter(self._limit, GATE_WINDOW_S)
+            bucket = self._buckets[key] = AsyncLimiter(self._limit, GATE_WINDOW_S)
         if not bucket.has_capacity():
             return GATE_WINDOW_S / self._limit  # a full bucket leaks one post at a time
         await bucket.acquire()  # there is room: it does not wait
@@ -68,8 +71,27 @@ def _loopback(address: str) -> bool:
 GATE = web.AppKey("webchat_gate", PostGate)
 
 
+class Streams:
+    """How many event streams are open, at most `limit`: each holds a connection (a file
+    descriptor) for as long as the page is open, and streams must not take the descriptors
+    the webhooks need."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.open = limit, 0
+
+
+def _streams_max() -> int:
+    """A quarter of the process's file descriptors (20,000 under the shipped unit: 5,000)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, (soft if soft != resource.RLIM_INFINITY else 65536) // 4)
+
+
+STREAMS = web.AppKey("webchat_streams", Streams)
+
+
 def add_routes(app: web.Application) -> None:
     app[GATE] = PostGate(app[SETTINGS].channels.web.posts_per_minute)
+    app[STREAMS] = Streams(_streams_max())
     app.router.add_get("/", page)
     app.router.add_post("/chat/messages", post_message)
     app.router.add_get("/chat/history", history)
@@ -87,7 +109,7 @@ async def _browser(request: web.Request) -> _Browser:
     Over HTTPS the cookie is `__Host-` prefixed: only this host can set it, so a page on a
     sibling subdomain cannot plant a cookie it knows (and read the chat the person then has).
     Over plain HTTP nothing can stop that."""
-    if request.secure:
+    if _https(request):
         secret = request.cookies.get(HOST_COOKIE)
         if valid_secret(secret):
             assert secret is not None
@@ -118,6 +140,10 @@ async def _before_upgrade(request: web.Request, value: str | None) -> bool:
     return bool(await runtime.store.transcript(key, 1))
 
 
+def _https(request: web.Request) -> bool:
+    return over_https(request, request.app[SETTINGS].server.public_url)
+
+
 def _set_cookie(response: web.StreamResponse, secret: str | None, request: web.Request) -> None:
     """Over HTTPS the cookie also works where the chat is framed by a page of another site
     (a shop on its own domain): SameSite=None, so the browser sends it from the frame, and
@@ -127,7 +153,7 @@ def _set_cookie(response: web.StreamResponse, secret: str | None, request: web.R
     back) it stays SameSite=Lax: first-party only."""
     if secret is None:
         return
-    if not request.secure:
+    if not _https(request):
         response.set_cookie(
             COOKIE, secret, max_age=COOKIE_AGE_S, httponly=True, samesite="Lax", path="/"
         )
@@ -193,6 +219,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
             "id": f"in-{result.id}",
         },
         status=202,
+        headers=PRIVATE,
     )
     _set_cookie(response, browser.cookie, request)
     return response
@@ -216,13 +243,18 @@ async def history(request: web.Request) -> web.StreamResponse:
             }
             for e in entries
         ]
-    response = web.json_response({"messages": messages})
+    response = web.json_response({"messages": messages}, headers=PRIVATE)
     _set_cookie(response, browser.cookie, request)
     return response
 
 
 async def events(request: web.Request) -> web.StreamResponse:
     chat: WebChat = request.app[WEBCHAT]
+    streams = request.app[STREAMS]
+    if streams.open >= streams.limit:
+        busy = json_error(503, "too many live chats open; the page tries again shortly")
+        busy.headers["Retry-After"] = "30"
+        return busy
     browser = await _browser(request)
     response = web.StreamResponse(
         headers={
@@ -232,8 +264,18 @@ async def events(request: web.Request) -> web.StreamResponse:
         }
     )
     _set_cookie(response, browser.cookie, request)
+    streams.open += 1
+    try:
+        return await _stream(request, response, chat, browser.conversation)
+    finally:
+        streams.open -= 1
+
+
+async def _stream(
+    request: web.Request, response: web.StreamResponse, chat: WebChat, conversation: str
+) -> web.StreamResponse:
     await response.prepare(request)
-    queue = chat.subscribe(browser.conversation)
+    queue = chat.subscribe(conversation)
     try:
         # when the stream ends (a restart, news missed on a replica), pages come back spread
         # over a few seconds, not all at once
@@ -249,7 +291,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     except ConnectionResetError:
         pass
     finally:
-        chat.unsubscribe(browser.conversation, queue)
+        chat.unsubscribe(conversation, queue)
         with contextlib.suppress(Exception):
             await response.write_eof()
     return response

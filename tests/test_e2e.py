@@ -24,7 +24,7 @@ from core.store.postgres import PostgresStore
 from gateway.app import build_app
 from gateway.keys import RUNTIME
 from gateway.settings import load_settings
-from gateway.webchat import LEGACY_LEN, PostGate
+from gateway.webchat import LEGACY_LEN, STREAMS, PostGate
 from tests.fake_openai import Error, FakeOpenAI, Garbage, Step, Text, ToolCalls, last_user_text
 
 SSE_TIMEOUT = 15.0
@@ -435,6 +435,43 @@ async def test_the_cookie_is_a_secret_that_no_other_site_can_plant(
         r = await client.get("/chat/history", headers=cookies("switchboard_chat", unknown, True))
         assert r.json()["messages"] == []
         assert "__Host-" in r.headers["set-cookie"]
+
+
+async def test_a_chat_is_never_cached_and_its_streams_leave_room_for_the_webhooks(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """A shared cache could serve one visitor's transcript to another (no Cache-Control). Each
+    event stream holds a connection as long as the page is open: past the cap a new one gets
+    503, so one client opening thousands cannot take the file descriptors every channel's
+    webhooks need. Behind a proxy whose headers are not trusted, a browser asking for the
+    https public URL's host still gets the HTTPS cookie (it came over TLS)."""
+    config = write_config(tmp_path, None)
+    server = '[server]\npublic_url = "https://chat.example"\n'
+    config.write_text(config.read_text().replace("[server]\n", server))
+    gw: Gateway = await start_gateway(config)
+    gw.runner.app[STREAMS].limit = 1
+    async with browser(gw) as client:
+        assert (await post(client, "hello", "c1")).headers["Cache-Control"] == "no-store"
+        history = await client.get("/chat/history")
+        assert history.headers["Cache-Control"] == "no-store"
+        assert history.headers["Vary"] == "Cookie"
+        async with client.stream("GET", "/chat/events", timeout=None) as first:
+            assert first.status_code == 200
+            second = await client.get("/chat/events")
+            assert second.status_code == 503
+            assert second.headers["Retry-After"] == "30"
+            assert (await client.get("/healthz")).status_code == 200
+        async with asyncio.timeout(5):
+            while gw.runner.app[STREAMS].open:
+                await asyncio.sleep(0.01)
+        async with client.stream("GET", "/chat/events", timeout=None) as again:
+            assert again.status_code == 200
+    async with gw.client() as client:
+        page = await client.get("/", headers={"Host": "chat.example"})
+        assert page.headers["set-cookie"].startswith("__Host-switchboard_chat=")
+        assert "Secure" in page.headers["set-cookie"]
+        page = await client.get("/")
+        assert page.headers["set-cookie"].startswith("switchboard_chat=")
 
 
 async def test_one_client_address_cannot_post_without_limit(

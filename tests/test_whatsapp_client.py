@@ -148,7 +148,13 @@ async def test_media_is_fetched_only_from_allowed_hosts() -> None:
 
     graph = GraphClient("http://127.0.0.1:9", "v21.0", "wa-token", 1.0, ("lookaside.fbsbx.com",))
     try:
-        for url in ("https://evil.example/steal", "file:///etc/passwd", "https://fbsbx.com.evil/x"):
+        for url in (
+            "https://evil.example/steal",
+            "file:///etc/passwd",
+            "https://fbsbx.com.evil/x",
+            "http://lookaside.fbsbx.com/x",  # the access token would go in the clear
+            "ftp://lookaside.fbsbx.com/x",
+        ):
             with pytest.raises(ChannelError) as err:
                 await graph.download(url, 100)
             assert err.value.code == "host"

@@ -7,6 +7,7 @@ ChannelError: `code` is the Graph code as text ("131026"), or "auth" for a bad t
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from dataclasses import dataclass
@@ -118,10 +119,11 @@ class GraphClient:
             parts.port  # noqa: B018 - reading it checks it
         except ValueError:  # e.g. "https://[host/x": an answer nobody can fetch
             raise ChannelError("media URL is not a valid URL", code="bad_response") from None
-        if parts.scheme not in ("https", "http") or not host_allowed(
-            parts.hostname or "", self._media_hosts
-        ):
+        if not host_allowed(parts.hostname or "", self._media_hosts):
             raise ChannelError(f"media host {parts.hostname!r} is not allowed", code="host")
+        if parts.scheme != "https" and not (parts.scheme == "http" and _loopback(parts.hostname)):
+            # the access token goes with the request: never in the clear
+            raise ChannelError("media URL is not https", code="host")
         try:
             # no redirects: the token must not follow one to a host nobody allowed
             async with self._session().get(url, allow_redirects=False) as resp:
@@ -184,3 +186,11 @@ def graph_error(status: int, body: Any) -> ChannelError:
         or (code is None and status == 429)
     )
     return ChannelError(text, retryable=retryable, code=label)
+
+
+def _loopback(host: str | None) -> bool:
+    """A host on this machine (a local stand-in for the Graph API, as the tests run one)."""
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return host == "localhost"

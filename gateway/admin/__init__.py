@@ -27,7 +27,7 @@ from gateway.admin import api
 from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
-from gateway.http import json_error, read_form, read_json
+from gateway.http import client_key, json_error, read_form, read_json
 from gateway.keys import RUNTIME, SETTINGS
 
 __all__ = ["add_routes"]
@@ -91,9 +91,7 @@ async def page(request: web.Request) -> web.StreamResponse:
 async def login(request: web.Request) -> web.StreamResponse:
     """The token from the login form (or JSON {"token"}) for the session cookie."""
     state = request.app[ADMIN]
-    client = request.remote or "unknown"
-    if state.auth.throttle.blocked(client):
-        return too_many_failures()
+    client = client_key(request.remote)
     as_json = request.content_type == "application/json"
     if as_json:
         body = await read_json(request)
@@ -101,6 +99,8 @@ async def login(request: web.Request) -> web.StreamResponse:
     else:
         token = (await read_form(request)).get("token")
     if not isinstance(token, str) or not state.auth.token_ok(token.strip()):
+        if state.auth.throttle.blocked(client):
+            return too_many_failures()
         state.auth.throttle.failed(client)
         log.warning("admin login refused from %s", client)
         return json_error(401, "wrong admin token")

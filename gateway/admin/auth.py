@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from core.store.base import Store
-from gateway.http import json_error, same_origin
+from gateway.http import client_key, json_error, over_https, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
@@ -117,12 +117,12 @@ class AdminAuth:
             # a guess at our token, unlike a proxy's Basic login in front of the console
             scheme = request.headers.get("Authorization", "").partition(" ")[0]
             bearer = scheme.lower() == "bearer"
-            client = request.remote or "unknown"
-            if bearer and self.throttle.blocked(client):
-                return too_many_failures()
+            client = client_key(request.remote)
             via = await self.via(request)
             if via is None:
                 if bearer:  # a guess at the token, as on the login form
+                    if self.throttle.blocked(client):
+                        return too_many_failures()
                     self.throttle.failed(client)
                 response = json_error(401, "admin token required")
                 response.headers["WWW-Authenticate"] = 'Bearer realm="switchboard-admin"'
@@ -144,7 +144,7 @@ class AdminAuth:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=over_https(request, self.public_url),
         )
 
 
