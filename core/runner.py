@@ -293,24 +293,24 @@ class SessionRunner:
             outcome = await self.turn_task
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            run.status, run.ended_at = "cancelled", time.time()
-            if quotas:
-                with contextlib.suppress(StoreError):
-                    await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
-            run.credits = 0.0  # the messages will be answered (and charged) by a later run
-            run.limits_hit.append("interrupted" if not self.lease_lost else "lease_lost")
-            if tools:
-                run.detail["tools"] = tools
-            if live is not None:
-                await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
-            with contextlib.suppress(StoreError):
-                await asyncio.shield(self.mgr.store.record_run(run))
-            self._report(run)
+            why = "interrupted" if not self.lease_lost else "lease_lost"
+            await self._discard(run, day, quotas, tools, live, why)
             if current is not None and current.cancelling():
                 raise
             return
         finally:
             self.turn_task = None
+        if (await self.mgr.store.get_session(self.skey)).state.get("handoff"):
+            # an operator took the session while this ran, on another replica (here, the pause
+            # cancelled the turn): the answer is dropped, its messages are held for them
+            log.info(
+                "run %s answered a session an operator took meanwhile: answer dropped",
+                run.id,
+                extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
+            )
+            await self._discard(run, day, quotas, tools, live, "paused")
+            self.poked = True  # another round holds the messages
+            return
         if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
             if quotas:
                 await self.mgr.store.release_usage(day, run.credits, quotas)
@@ -347,6 +347,30 @@ class SessionRunner:
             )
         if live is not None:
             await _quietly(live.run_ended(self.key, run.id, discarded=False), self.skey)
+        self._report(run)
+
+    async def _discard(
+        self,
+        run: RunRecord,
+        day: str,
+        quotas: list[Quota],
+        tools: list[dict[str, Any]],
+        live: LiveOutlet | None,
+        why: str,
+    ) -> None:
+        """A turn whose answer is never sent: its messages stay pending, its credits go back."""
+        run.status, run.ended_at = "cancelled", time.time()
+        if quotas:
+            with contextlib.suppress(StoreError):
+                await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+        run.credits = 0.0  # the messages will be answered (and charged) by a later run
+        run.limits_hit.append(why)
+        if tools:
+            run.detail["tools"] = tools
+        if live is not None:
+            await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
+        with contextlib.suppress(StoreError):
+            await asyncio.shield(self.mgr.store.record_run(run))
         self._report(run)
 
     def _report(self, run: RunRecord) -> None:

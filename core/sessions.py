@@ -291,8 +291,7 @@ class SessionManager:
         state = {k: v for k, v in session.state.items() if k != "handoff"}
         await self.store.set_state(str(key), state)
         released = await self.store.release_held(str(key))
-        if released:
-            self._wake(key, arrived=True)
+        self._wake(key, arrived=True)  # also for messages not held yet (paused mid-turn)
         return released
 
     def _notify_overflow(self, key: SessionKey) -> None:

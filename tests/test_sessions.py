@@ -697,6 +697,27 @@ async def test_an_operator_taking_over_mid_run_silences_the_bot_until_hand_back(
     assert rig.outlet.texts() == ["echo: I want to cancel | hello?"]
 
 
+async def test_an_operator_pausing_on_another_replica_silences_the_running_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The pause cancels a turn running on the replica the operator asked; one running on
+    another replica (behind a load balancer, most of them) sent its answer anyway."""
+    here: Rig = await make_rig(delay_s=0.5)
+    there: Rig = await make_rig()  # the replica the operator's request reached
+    await here.manager.submit(msg("I want to cancel"))
+    async with asyncio.timeout(5):
+        while not here.model.requests:
+            await asyncio.sleep(0.01)
+    await there.manager.pause(key(), "operator")
+    await settle(here)
+    assert here.outlet.texts() == []
+    runs = [r for r in await console(here.store).runs(str(key()), 10) if r.status == "cancelled"]
+    assert [r.limits_hit for r in runs] == [["paused"]]
+    assert await there.manager.hand_back(key()) == 1
+    await settle(there)
+    assert there.outlet.texts() == ["echo: I want to cancel"]
+
+
 async def test_a_session_paused_while_it_waits_for_a_run_slot_stays_silent(
     make_rig: Callable[..., Any],
 ) -> None:
