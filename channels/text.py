@@ -24,7 +24,7 @@ import regex
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-__all__ = ["MAX_NESTING", "cluster_cut", "clusters", "parse"]
+__all__ = ["MAX_NESTING", "cluster_cut", "clusters", "link", "parse"]
 
 _CLUSTER = regex.compile(r"\X")
 # markdown-it's default preset: 49 nested lists or 99 nested quotes, far below Python's
@@ -36,6 +36,14 @@ _MARKERS_ONLY = re.compile(r"[ \t]*(?:(?:>|(?:[-+*]|\d{1,9}[.)])(?=[ \t]|$))[ \t
 _CONTAINERS = frozenset(
     {"blockquote_open", "bullet_list_open", "ordered_list_open", "list_item_open"}
 )
+
+
+def link(label: str, url: str) -> str:
+    """A Markdown link that shows `label` as it is and goes to `url` (a file's name comes from
+    whoever named it: unescaped, "x](tg://…) [y" made a link of its own)."""
+    shown = re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", " ".join(label.split()))
+    target = "".join(f"%{ord(c):02X}" if c in "<> \n\r\t" else c for c in url)
+    return f"[{shown}](<{target}>)"
 
 
 def clusters(text: str) -> Iterator[str]:

@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
@@ -130,6 +131,15 @@ async def test_send_buttons_reach_the_run_outcome() -> None:
     outcome = await loop.run(turn, emit)
     assert outcome.text == "Shall I book it?"
     assert outcome.buttons == [Button(label="Yes", value="Yes"), Button(label="No", value="n")]
+
+
+@pytest.mark.parametrize("label", [" ", "\u200b", "\n"])
+def test_a_button_label_needs_something_to_read(label: str) -> None:
+    """A blank title went out as is: WhatsApp refuses it, Telegram showed an empty button."""
+    with pytest.raises(ValidationError):
+        SendButtons.args_model.model_validate({"buttons": [{"label": label}]})
+    args = SendButtons.args_model.model_validate({"buttons": [{"label": " Yes,\nplease "}]})
+    assert args.buttons[0].label == "Yes, please"  # type: ignore[attr-defined]
 
 
 async def test_store_kv_delivery_and_last_inbound(store: SqliteStore) -> None:

@@ -241,3 +241,23 @@ def test_reply_files_with_a_url_become_links_after_the_text() -> None:
     assert only.blocks[0]["text"]["text"] == (
         "Here is the menu:\n\n<https://x.example/m.pdf|menu [v2].pdf>"
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "url", "shown"),
+    [  # a file's name is whoever named it: it linked elsewhere, or showed as raw Markdown
+        (
+            "x](https://evil.example) [y",
+            "https://f.io/a.pdf",
+            "<https://f.io/a.pdf|x](https://evil.example) [y>",
+        ),
+        (
+            "notes_v2 (final).pdf",
+            "https://f.io/a b.pdf",
+            "<https://f.io/a%20b.pdf|notes_v2 (final).pdf>",
+        ),
+    ],
+)
+def test_a_reply_files_name_is_shown_as_it_is(name: str, url: str, shown: str) -> None:
+    (only,) = render(Reply(text="", attachments=(Attachment(kind="document", name=name, url=url),)))
+    assert only.blocks[0]["text"]["text"] == shown

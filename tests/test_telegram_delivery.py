@@ -20,7 +20,7 @@ from channels.telegram.markdown import render
 from channels.telegram.rich import MAX_UNITS
 from channels.telegram.settings import TelegramSettings
 from core.errors import ChannelError
-from core.models import InboundMessage, Sender, SessionKey
+from core.models import Attachment, InboundMessage, Reply, Sender, SessionKey
 from core.store import SqliteStore
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_telegram import (
@@ -476,3 +476,21 @@ async def test_a_reply_failing_for_good_keeps_the_preview_it_was_edited_into(
     await asyncio.sleep(0.3)
     assert first in tg.in_chat(chat)
     assert first.text.startswith("w0000")
+
+
+@pytest.mark.parametrize(
+    ("name", "url", "html"),
+    [  # a file's name is whoever named it: "x](tg://…) [y" made a second link
+        (
+            "x](tg://resolve?domain=evil) [y",
+            "https://f.io/a.pdf",
+            '<a href="https://f.io/a.pdf">x](tg://resolve?domain=evil) [y</a>',
+        ),
+        ("a]b_c*.pdf", "https://f.io/a b.pdf", '<a href="https://f.io/a%20b.pdf">a]b_c*.pdf</a>'),
+    ],
+)
+def test_a_reply_files_name_is_shown_as_it_is(name: str, url: str, html: str) -> None:
+    from channels.telegram.outbound import _chunks
+
+    reply = Reply(text="hi", attachments=(Attachment(kind="document", name=name, url=url),))
+    assert _chunks(reply, "s") == [(f"hi\n\n{html}", f"hi\n\n{name}")]

@@ -462,3 +462,32 @@ def test_the_work_on_a_line_grows_with_its_length_not_its_square(
     """Each styled span once re-read every span sharing its style (and every link of the
     line): 17k chars of one line took seconds, on the event loop."""
     assert _lines_run(build(400)) < 5 * _lines_run(build(100))  # linear: ~4x, quadratic: 16x
+
+
+def test_a_cluster_longer_than_a_message_keeps_its_place() -> None:
+    """A grapheme cluster longer than the room left (zalgo text, 5,000 combining marks) went
+    out before the text in front of it, and truncate dropped that text."""
+    zalgo = "e" + "\u0301" * 5000
+    chunks = chunk("AB" + zalgo + "CD")
+    assert "".join(chunks).replace(ZWSP, "") == "AB" + zalgo + "CD"
+    assert chunks[0].startswith("AB")
+    assert all(wlen(c) <= 4096 for c in chunks)
+    assert whatsapp_format._cut("ab\U0001f600", 1) == ["a", "b", "\U0001f600"]
+    assert whatsapp_format.truncate("AB" + zalgo, 1024).startswith("AB")
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [  # the markers around a link were taken as part of it and left live
+        ("mail \\*bob@x.com\\* now", "mail *bob@x.com* now"),
+        ("see https://x.io/```\n\n```\nprint(1)\n```", None),
+    ],
+)
+def test_markers_next_to_a_link_stay_text(source: str, shown: str | None) -> None:
+    (out,) = chunk(source)
+    if shown is not None:
+        assert out.replace(ZWSP, "") == shown
+        assert f"{ZWSP}*{ZWSP}" in out  # defused: WhatsApp shows the stars
+    else:  # the stray fence is defused, so the code block keeps its own pair
+        assert out.endswith("```print(1)```")
+        assert out.count("```") == 2

@@ -19,6 +19,7 @@ from channels.slack.inbound import Inbound
 from channels.slack.live import Live, Preview
 from channels.slack.settings import SlackSettings
 from channels.slack.socket import SocketMode
+from channels.text import link
 from core.errors import ChannelError, StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 
@@ -164,12 +165,8 @@ class SlackAdapter:
 def render(reply: Reply) -> list[SlackMessage]:
     """A reply as the messages to post: mrkdwn sections, then its buttons."""
     text = reply.text
-    links = [f"[{_label(a.name or a.url or '')}]({a.url})" for a in reply.attachments if a.url]
+    links = [link(a.name or a.url or "", a.url) for a in reply.attachments if a.url]
     if links:
         text = "\n\n".join([text, *links]) if text.strip() else "\n\n".join(links)
     buttons = [(b.label, b.value) for b in reply.buttons]
     return messages(sections(to_mrkdwn(text)), buttons)
-
-
-def _label(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("[", "\\[").replace("]", "\\]")

@@ -18,6 +18,7 @@ from channels.telegram.client import BLOCKED, ChatMigrated, TelegramClient
 from channels.telegram.live import Live, digest
 from channels.telegram.markdown import render
 from channels.telegram.parse import quoted
+from channels.text import link
 from core.errors import ChannelError, StoreError
 from core.models import Button, OutboundPart, Reply, SessionKey
 from core.store import Store
@@ -234,7 +235,7 @@ def _chunks(reply: Reply, session: str) -> list[tuple[str, str]]:
     """The reply's messages: its text (attachments with a URL linked at the end), or a marker
     when only buttons need somewhere to live."""
     text = reply.text
-    links = [f"[{a.name or a.kind}]({a.url})" for a in reply.attachments if a.url]
+    links = [link(a.name or a.kind, a.url) for a in reply.attachments if a.url]
     if links:
         text = "\n\n".join([text, *links]) if text else "\n".join(links)
     if any(a.url is None for a in reply.attachments):

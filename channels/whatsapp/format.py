@@ -45,7 +45,8 @@ _MD = MarkdownIt("commonmark", {"maxNesting": MAX_NESTING}).enable(["strikethrou
 _INLINE = r"\\`*_\[\]<>&~|#\x00"
 _PLAIN_LINE = re.compile(rf"[^\W\d_](?:[^{_INLINE}\t\r\n]*[^{_INLINE}\s])?")
 _TICK_RUN = re.compile(r"`{2,}")
-_MARKER_CHARS = frozenset("*_~`")
+_MARKERS = "*_~`"
+_MARKER_CHARS = frozenset(_MARKERS)
 _NON_SPACE = re.compile(r"\S+")
 
 
@@ -169,12 +170,20 @@ def _inside_word(spans: list[Span], first: int, last: int) -> bool:
 
 
 def _links(line: str) -> list[tuple[int, int]]:
-    """Where the words of a line that are links (a URL, an address) begin and end."""
-    return [
-        m.span()
-        for m in _NON_SPACE.finditer(line)
-        if "://" in m[0] or "@" in m[0] or m[0].lower().startswith("www.")
-    ]
+    """Where the words of a line that are links (a URL, an address) begin and end: without
+    markers wrapped around them ("*bob@x.com*") or a fence after them ("https://x.io/```"),
+    which would pair with others and style the text; a marker ending a URL ("?q=*") is its."""
+    spans = []
+    for m in _NON_SPACE.finditer(line):
+        word = m[0]
+        core = word.lstrip(_MARKERS)
+        start = m.start() + len(word) - len(core)
+        tail = len(core) - len(core.rstrip(_MARKERS))
+        if tail and (len(core) < len(word) or "`" in core[-tail:]):
+            core = core[:-tail]
+        if "://" in core or "@" in core or core.lower().startswith("www."):
+            spans.append((start, start + len(core)))
+    return spans
 
 
 def _inert(text: str, before: str, after: str, links: list[tuple[int, int]]) -> str:
@@ -417,7 +426,10 @@ def _cut(text: str, size: int) -> list[str]:
     n = 0
     for cluster in _clusters(text):
         w = wlen(cluster)
-        if w > size:
+        if w > size:  # what came before it goes first
+            if cur:
+                out.append("".join(cur))
+                cur, n = [], 0
             out.extend(_cut_chars(cluster, size))
             continue
         if n + w > size and cur:

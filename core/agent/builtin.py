@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from core.agent.tools import CONSENT, ToolContext
 from core.models import Button
@@ -21,6 +21,15 @@ class ButtonArg(BaseModel):
         max_length=BUTTON_VALUE_MAX,
         description="What pressing it sends back (default: label).",
     )
+
+    @field_validator("label")
+    @classmethod
+    def _readable(cls, label: str) -> str:
+        """On one line, with something to read (a blank title is refused by WhatsApp)."""
+        label = " ".join(label.split())
+        if not any(c.isprintable() and not c.isspace() for c in label):
+            raise ValueError("a button's label needs something to read")
+        return label
 
     @model_validator(mode="after")
     def _not_a_consent(self) -> ButtonArg:
