@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
@@ -27,9 +28,27 @@ class Section(BaseModel):
             raise ValueError("a number, not true or false")
         return value
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _clean_secret(cls, value: Any, info: ValidationInfo) -> Any:
+        """A secret read from a file (a mounted Kubernetes secret, `$(cat key)`) often ends in
+        a line break: it is dropped. One inside is refused here, by its key: sent in a header,
+        it failed every request (and `check` with a traceback)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if not isinstance(value, str) or field is None or not _secret(field.annotation):
+            return value
+        value = value.strip()
+        if any(unicodedata.category(c).startswith("C") for c in value):
+            raise ValueError("a control or invisible character inside it (a line break?)")
+        return value
+
 
 def _numeric(annotation: Any) -> bool:
     return any(a in (int, float) for a in (get_args(annotation) or (annotation,)))
+
+
+def _secret(annotation: Any) -> bool:
+    return SecretStr in (get_args(annotation) or (annotation,))
 
 
 class ChannelSection(Section):

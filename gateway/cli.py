@@ -35,7 +35,6 @@ from gateway.settings import (
     Settings,
     config_path,
     env_source,
-    is_ip_address,
     load_settings,
     secret_values,
     settings_warnings,
@@ -221,13 +220,16 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
     """Exit 0 for a valid configuration (2 is for invalid ones, before this); live checks that
     fail are reported, and exit 1 only with --strict."""
     s = settings
-    if not offline and not is_ip_address(s.server.host):
+    in_use = None
+    if not offline:
         try:
-            _resolve(s.server.host, s.server.port)
+            in_use = _try_listen(s.server.host, s.server.port)
         except ConfigError as exc:
             _print_problems(exc.problems, path)
             return EXIT_CONFIG
     print(f"config ok: {config_path(path) or 'built-in defaults'}")
+    if in_use:  # most likely the gateway this check comes before a restart of
+        print(f"note: {in_use}", file=sys.stderr)
     enabled = [
         n for n in ("web", "telegram", "slack", "whatsapp") if getattr(s.channels, n).enabled
     ]
@@ -355,6 +357,20 @@ def _listen(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def _try_listen(host: str, port: int) -> str | None:
+    """What `run` would find listening on server.host and server.port: a ConfigError by key
+    for what stops it, or a note when something listens there now."""
+    for family, _, _, _, address in _resolve(host, port):
+        try:
+            socket.create_server(address, family=family).close()
+        except OSError as exc:
+            key, msg = _bind_problem(exc, host, port, address[0])
+            if exc.errno == errno.EADDRINUSE:
+                return f"{key}: {msg}"
+            raise ConfigError([(key, msg)]) from None
+    return None
+
+
 def _bind_problem(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
     key, msg = _bind_reason(exc, host, port, address)
     return key, msg + env_source(key, os.environ)
@@ -384,6 +400,9 @@ async def settle_heap(app: web.Application | None = None) -> None:
 
 
 async def _chat(settings: Settings) -> int:
+    if sys.stdin is None:  # started with stdin closed (`<&-`): nothing to read the chat from
+        print("error: chat reads what you type from stdin, which is closed", file=sys.stderr)
+        return 1
     console = Console(user=os.environ.get("USER") or "you")
     runtime = Runtime.build(settings, {console.name: console})
     await runtime.start()

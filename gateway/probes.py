@@ -104,6 +104,8 @@ async def _run(name: str, check: Callable[[], Awaitable[str]]) -> Probe:
         return Probe(name, False, f"no answer within {TIMEOUT_S:g} s")
     except (SwitchboardError, httpx.HTTPError, OSError) as exc:
         return Probe(name, False, str(exc)[:200] or type(exc).__name__)
+    except Exception as exc:  # a library's own complaint about a value: still a report
+        return Probe(name, False, f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
 async def _postgres(url: str) -> str:

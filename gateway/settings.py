@@ -132,12 +132,12 @@ class _EnvSource(PydanticBaseSettingsSource):
         return self().get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        _, environ = _SOURCES.get(({}, {}))
+        data, environ = _SOURCES.get(({}, {}))
         out: dict[str, Any] = {}
         for name, value in environ.items():
             if not name.upper().startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
                 continue
-            path = name[len(ENV_PREFIX) :].lower().split("__")
+            path = _as_in_file(data, name[len(ENV_PREFIX) :].lower().split("__"))
             node = out
             for part in path[:-1]:
                 child = node.setdefault(part, {})
@@ -151,6 +151,20 @@ class _EnvSource(PydanticBaseSettingsSource):
                     parsed = _merged(parsed, known)  # a key's own variable beats its table's
                 node[path[-1]] = parsed
         return out
+
+
+def _as_in_file(data: dict[str, Any], path: list[str]) -> list[str]:
+    """A variable's path with each name spelt as the file spells it (a variable's name has one
+    case; `[tools.http.OrderStatus]` is still the table SWITCHBOARD__TOOLS__HTTP__ORDERSTATUS__…
+    means, not a new one)."""
+    out = []
+    node: Any = data
+    for part in path:
+        if isinstance(node, dict) and part not in node:
+            part = next((k for k in node if isinstance(k, str) and k.lower() == part), part)
+        out.append(part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return out
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -534,6 +548,26 @@ def _postgres_url_problem(url: str) -> str | None:
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
 
+def _sqlite_path_problem(path: str) -> str | None:
+    """Why the store could not open (or create) its file there, as `run` would find out."""
+    if "\x00" in path:
+        return "a NUL character in the file's path"
+    if "?" in path:  # sqlite:///x.db?mode=ro made a file named "x.db?mode=ro"
+        return "no ?parameters: everything after sqlite:/// is the file's path"
+    file = Path(path)
+    if path.endswith("/") or file.is_dir():
+        return f"{path} is a folder; name the database file in it"
+    folder = next((d for d in file.parents if d.exists()), Path("."))
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        # SQLite writes its -wal and -shm files beside the database
+        return f"{folder} is not writable by this user"
+    if file.exists() and not os.access(file, os.R_OK | os.W_OK):
+        return f"{path} is not readable and writable by this user"
+    return None
+
+
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     """Rules that span keys. Channels fail closed: enabled without their secrets is an error."""
     p: list[tuple[str, str]] = []
@@ -545,6 +579,8 @@ def semantic_problems(s: Settings) -> list[tuple[str, str]]:
     elif s.store.url.startswith("sqlite:") and s.sqlite_path() in (":memory:", "/"):
         # an in-memory database would lose every message at the next start
         p.append(("store.url", 'names no file; e.g. "sqlite:///data/switchboard.db"'))
+    elif s.store.url.startswith("sqlite:") and (problem := _sqlite_path_problem(s.sqlite_path())):
+        p.append(("store.url", problem))
     elif s.store.url.startswith("postgres") and not _has_asyncpg():
         p.append(("store.url", "PostgreSQL needs the postgres extra: pip install '.[postgres]'"))
     elif s.store.url.startswith("postgres") and (problem := _postgres_url_problem(s.store.url)):

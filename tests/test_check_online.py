@@ -121,3 +121,16 @@ async def test_socket_modes_app_token_is_tried_too(tmp_path: Path, fakes: Fakes)
         assert probe.ok is ok, probe
         assert probes["slack auth.test"].ok
     assert "invalid_auth" in probe.detail
+
+
+async def test_a_library_refusing_a_value_is_a_failed_check_not_a_traceback() -> None:
+    """httpx raised ValueError for a header holding a line break: `check` printed a
+    traceback where it promises a report."""
+    from gateway.probes import _run
+
+    async def refuses() -> str:
+        raise ValueError("Forbidden control character detected in headers")
+
+    probe = await _run("whatsapp phone number", refuses)
+    assert not probe.ok
+    assert probe.detail == "ValueError: Forbidden control character detected in headers"

@@ -259,6 +259,48 @@ def test_run_on_an_address_this_machine_does_not_have_exits_2(tmp_path: Path) ->
     assert_no_traceback(proc)
 
 
+def test_check_refuses_what_run_refuses_and_notes_a_port_in_use(tmp_path: Path) -> None:
+    """check said "config ok" where run then exited 2: an address this machine does not
+    have, a store URL naming a folder. A port in use is only noted: the gateway this check
+    comes before a restart of listens there."""
+    config = str(good_config(tmp_path, free_port()))
+    elsewhere = cli(
+        "check", "--config", config, env=clean_env(SWITCHBOARD__SERVER__HOST="192.0.2.1")
+    )
+    assert elsewhere.returncode == 2, (elsewhere.stdout, elsewhere.stderr)
+    assert "server.host: 192.0.2.1 is not an address of this machine" in elsewhere.stderr
+    folder = clean_env(SWITCHBOARD__STORE__URL=f"sqlite:///{tmp_path}")
+    for command in (("check", "--offline"), ("run",)):
+        proc = cli(*command, "--config", config, env=folder)
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert f"store.url: {tmp_path} is a folder; name the database file in it" in proc.stderr
+        assert_no_traceback(proc)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = cli("check", "--config", str(good_config(tmp_path, port)))
+    assert busy.returncode == 0, (busy.stdout, busy.stderr)
+    assert f"note: server.port: {port} is already in use" in busy.stderr
+
+
+def test_chat_with_stdin_closed_says_so(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: os.close(0),  # as `<&-` leaves it
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "stdin, which is closed" in proc.stderr
+    assert_no_traceback(proc)
+
+
 def test_env_list_keys_pass_check(tmp_path: Path) -> None:
     for value in ("U1,U2", '["U1","U2"]'):
         env = clean_env(

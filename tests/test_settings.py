@@ -3,6 +3,7 @@ and channels that fail closed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,51 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert s.agent.limits.max_steps == 3
     assert s.agent.limits.max_tool_calls == 2  # the rest of the section still comes from the file
     assert s.server.host == "127.0.0.1"
+
+
+def test_a_variable_reaches_a_table_whose_name_has_capitals(tmp_path: Path) -> None:
+    """A variable's name has one case: it made a new table `orderstatus`, and the file's
+    `[tools.http.OrderStatus]` lost its description."""
+    path = write(
+        tmp_path,
+        '[tools.http.OrderStatus]\ndescription = "Look up an order."\n'
+        'url = "https://shop.example.com/orders"\n',
+    )
+    s = load_settings(path, environ={"SWITCHBOARD__TOOLS__HTTP__ORDERSTATUS__TIMEOUT_S": "5"})
+    assert list(s.tools.http) == ["OrderStatus"]
+    assert s.tools.http["OrderStatus"].timeout_s == 5
+
+
+def test_a_secret_read_from_a_file_loses_its_line_break(tmp_path: Path) -> None:
+    """A secret mounted from a file ends in a newline: sent in a header it failed every call
+    (and `check` with a traceback). One inside a secret is a problem by its key."""
+    path = write(tmp_path, '[admin]\ntoken = "${ADMIN}"\n[model]\napi_key = "${KEY}"\n')
+    s = load_settings(path, environ={"ADMIN": "0123456789abcdef-admin\n", "KEY": " sk-1\r\n"})
+    assert s.admin.token is not None
+    assert s.admin.token.get_secret_value() == "0123456789abcdef-admin"
+    assert s.model.api_key is not None
+    assert s.model.api_key.get_secret_value() == "sk-1"
+    problems = problems_of(path, environ={"ADMIN": "0123456789\nabcdef", "KEY": "sk\u200b1"})
+    assert {k for k, _ in problems} == {"admin.token", "model.api_key"}
+    assert all("control or invisible character" in m for _, m in problems)
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("{tmp}", "is a folder"),
+        ("{tmp}/sb.db?mode=ro", "no ?parameters"),
+        ("{tmp}/a\u0000b.db", "a NUL character"),
+        ("{tmp}/file.txt/sb.db", "is a file, not a folder"),
+    ],
+)
+def test_a_sqlite_file_the_store_cannot_open_is_a_problem_by_key(
+    tmp_path: Path, path: str, says: str
+) -> None:
+    (tmp_path / "file.txt").write_text("x")
+    url = "sqlite:///" + path.format(tmp=tmp_path)
+    problems = problems_of(write(tmp_path, f"[store]\nurl = {json.dumps(url)}\n"))
+    assert [k for k, m in problems if says in m] == ["store.url"]
 
 
 def test_environ_argument_is_the_environment_for_overrides(
