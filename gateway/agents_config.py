@@ -14,7 +14,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from channels.config import Section as _Section
-from core.agent.http_tools import HttpToolSpec, host_allowed
+from core.agent.http_tools import PLACEHOLDER, HttpToolSpec, host_allowed
 from core.sessions import QueueMode
 
 __all__ = [
@@ -243,6 +243,14 @@ class HttpToolSettings(_Section):
         host = urlsplit(self.url.replace("{", "x").replace("}", "x")).hostname or ""
         if self.allow_hosts is not None and not host_allowed(host, tuple(self.allow_hosts)):
             raise ValueError(f"the URL's host {host!r} is not in allow_hosts")
+        # a placeholder that no declared argument fills failed every call ("missing argument")
+        named = self.parameters.get("properties")
+        if isinstance(named, dict):
+            for placeholder in PLACEHOLDER.findall(self.url):
+                if placeholder not in named:
+                    raise ValueError(
+                        f"the URL's {{{placeholder}}} is not one of parameters.properties"
+                    )
         return self
 
     def spec(self, name: str) -> HttpToolSpec:

@@ -297,9 +297,14 @@ def load_settings(
     data: dict[str, Any] = {}
     if file is not None:
         try:
-            with file.open("rb") as fh:
-                data = tomllib.load(fh)
+            if file.exists() and not (file.is_file() or file.is_dir()):  # reading a FIFO waits
+                raise ConfigError([("config", f"{file} is not a regular file")])
+            # an editor's byte order mark is no TOML, and no reason to refuse the file
+            data = tomllib.loads(file.read_bytes().removeprefix(b"\xef\xbb\xbf").decode())
         except FileNotFoundError:
+            if file.is_symlink():
+                reason = f"{file} is a link to {os.readlink(file)}, which does not exist"
+                raise ConfigError([("config", reason)]) from None
             raise ConfigError([("config", f"file not found: {file}")]) from None
         except IsADirectoryError:
             reason = f"{file} is a directory, not a file (a container mount of a missing file?)"
@@ -321,6 +326,13 @@ def load_settings(
         env = {n: v for n, v in env.items() if _env_path(n)[:1] in kept}
     unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
     data = _interpolate(data, env, "", unset)
+    # an override's ${VAR} is read too: taken as text, "${ADMIN_TOKEN}" became the token
+    overrides = {
+        name: _interpolate(value, env, ".".join(keys), unset)
+        for name, value in env.items()
+        if (keys := _env_path(name)) and "${" in value
+    }
+    env = {**env, **overrides} if overrides else env
     token = _SOURCES.set((data, env))
     try:
         settings = Settings()
@@ -635,7 +647,9 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
             p.append((key, "agent names are lowercase letters, digits, - and _ (max 32)"))
         if name == DEFAULT_AGENT and name in s.agents:
             p.append(("agents.default", "the default agent is configured in [agent]"))
-        if not _is_dir(agent.settings.knowledge_dir):
+        if not agent.settings.knowledge_dir.strip():  # "" is the working directory, all of it
+            p.append((f"{key}.knowledge_dir", "empty: name the folder of the knowledge base"))
+        elif not _is_dir(agent.settings.knowledge_dir):
             p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
         try:
             discover_skills(agent.settings.skills_dir)

@@ -243,6 +243,20 @@ def test_http_tool_config_loads_and_is_granted(
     assert spec.read_only
 
 
+def test_a_url_placeholder_no_declared_argument_fills_is_a_problem(tmp_path: Path) -> None:
+    """Every call of such a tool failed ("missing argument 'nope'")."""
+    body = (
+        '[tools.http.order_status]\ndescription = "d"\n'
+        'url = "https://shop.example.com/orders/{nope}"\n'
+        'parameters = { type = "object", properties = { id = { type = "string" } } }\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_settings(_write(tmp_path, body))
+    assert err.value.problems == [
+        ("tools.http.order_status", "the URL's {nope} is not one of parameters.properties")
+    ]
+
+
 async def test_write_tool_runs_only_after_the_confirm_button(api: Api, store: Store) -> None:
     spec = HttpToolSpec(
         name="cancel_booking",

@@ -4,6 +4,7 @@ and channels that fail closed."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +288,37 @@ def test_a_sqlite_file_the_store_cannot_open_is_a_problem_by_key(
     url = "sqlite:///" + path.format(tmp=tmp_path)
     problems = problems_of(write(tmp_path, f"[store]\nurl = {json.dumps(url)}\n"))
     assert [k for k, m in problems if says in m] == ["store.url"]
+
+
+def test_an_overrides_variable_is_read_too(tmp_path: Path) -> None:
+    """Taken as text, SWITCHBOARD__ADMIN__TOKEN='${ADMIN_TOKEN}' made "${ADMIN_TOKEN}" the
+    admin token (a service manager that does not expand variables leaves them so)."""
+    path = write(tmp_path, "")
+    env = {"SWITCHBOARD__ADMIN__TOKEN": "${ADMIN_TOKEN}", "ADMIN_TOKEN": "0123456789abcdef-x"}
+    token = load_settings(path, environ=env).admin.token
+    assert token is not None
+    assert token.get_secret_value() == "0123456789abcdef-x"
+    problems = problems_of(path, environ={"SWITCHBOARD__ADMIN__TOKEN": "${ADMIN_TOKEN}"})
+    assert problems == [("admin.token", "environment variable ADMIN_TOKEN is not set")]
+    literal = {"SWITCHBOARD__AGENT__INSTRUCTIONS": "Say $${name}."}
+    assert load_settings(path, environ=literal).agent.instructions == "Say ${name}."
+
+
+def test_the_file_may_start_with_a_byte_order_mark_and_must_be_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf[server]\nport = 8123\n")
+    assert load_settings(path, environ={}).server.port == 8123
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # reading it waited for a writer forever
+    assert problems_of(fifo) == [("config", f"{fifo} is not a regular file")]
+    link = tmp_path / "link.toml"
+    link.symlink_to(tmp_path / "gone.toml")
+    assert "which does not exist" in problems_of(link)[0][1]
+
+
+def test_an_empty_knowledge_dir_is_refused_not_the_working_directory(tmp_path: Path) -> None:
+    problems = problems_of(write(tmp_path, '[agent]\nknowledge_dir = ""\n'))
+    assert ("agent.knowledge_dir", "empty: name the folder of the knowledge base") in problems
 
 
 def test_environ_argument_is_the_environment_for_overrides(

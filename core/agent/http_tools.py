@@ -30,12 +30,12 @@ from core.agent.tools import ToolContext
 from core.errors import ToolError
 from core.redact import Blanker
 
-__all__ = ["HttpTool", "HttpToolSpec", "host_allowed"]
+__all__ = ["PLACEHOLDER", "HttpTool", "HttpToolSpec", "host_allowed"]
 
 log = logging.getLogger(__name__)
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 MAX_REDIRECTS = 3
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +167,7 @@ class HttpTool:
                 raise ToolError(f"{key}: {text!r} is not a valid value here")
             return quote(text, safe="")
 
-        url = _PLACEHOLDER.sub(fill, template)
+        url = PLACEHOLDER.sub(fill, template)
         for key in used:
             del values[key]
         return url
