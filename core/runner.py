@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import re
 import shutil
 import time
 import uuid
 from collections.abc import Awaitable
+from dataclasses import astuple
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -247,6 +249,8 @@ class SessionRunner:
         )
         day = time.strftime("%Y-%m-%d", time.gmtime())
         run.credits = self.mgr.quota.credits(self.profile.loop.limits)
+        if self.mgr.quota.user_daily > 0 or self.mgr.quota.channel_daily > 0:
+            await self._settle_holds()
         quotas, over, refused = await self._reserve(batch, day, run.credits)
         if refused is not None:
             await self._refuse(run, refused)
@@ -254,6 +258,8 @@ class SessionRunner:
         live = self._live()
         try:  # until the turn starts: if this fails, the turn is tried again, and so is its
             # reservation, which must not stay
+            if quotas:
+                await self._hold(run, day, quotas)
             if over:  # in a group: answer the others, and tell those over their limit
                 self.batch_texts = [
                     described[i.id] for i in batch if i.message.sender.id not in over
@@ -266,7 +272,7 @@ class SessionRunner:
         except BaseException:
             if quotas:
                 with contextlib.suppress(StoreError):
-                    await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+                    await asyncio.shield(self._give_back(run, day, quotas))
             raise
         tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
@@ -313,7 +319,7 @@ class SessionRunner:
             return
         if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
             if quotas:
-                await self.mgr.store.release_usage(day, run.credits, quotas)
+                await self._give_back(run, day, quotas)
             run.credits = 0.0
         self.committing = True
         try:
@@ -333,12 +339,16 @@ class SessionRunner:
                     state if state != session.state else None,
                 )
             )
-        except StoreError:  # not committed (lease lost, store down): the preview must go
+        except StoreError:  # not committed (lease lost, store down): the preview must go;
+            # its reservation stays held, for the next turn of the session to settle
             if live is not None:
                 await _quietly(live.run_ended(self.key, run.id, discarded=True), self.skey)
             raise
         finally:
             self.committing = False
+        if quotas:
+            with contextlib.suppress(StoreError):  # left over, it is found committed
+                await self.mgr.store.kv_delete(HOLDS_NS, f"{self.skey} {run.id}")
         if outcome.handoff:
             log.warning(
                 "handoff to a human requested: %s",
@@ -360,9 +370,9 @@ class SessionRunner:
     ) -> None:
         """A turn whose answer is never sent: its messages stay pending, its credits go back."""
         run.status, run.ended_at = "cancelled", time.time()
-        if quotas:
+        if quotas and not self.lease_lost:  # lost: the new holder settles the reservation
             with contextlib.suppress(StoreError):
-                await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+                await asyncio.shield(self._give_back(run, day, quotas))
         run.credits = 0.0  # the messages will be answered (and charged) by a later run
         run.limits_hit.append(why)
         if tools:
@@ -372,6 +382,39 @@ class SessionRunner:
         with contextlib.suppress(StoreError):
             await asyncio.shield(self.mgr.store.record_run(run))
         self._report(run)
+
+    async def _hold(self, run: RunRecord, day: str, quotas: list[Quota]) -> None:
+        """Note the turn's reservation until it ends: a replica killed mid-turn never gives it
+        back, and the turn that answers the same messages again reserves once more."""
+        hold = {"day": day, "credits": run.credits, "quotas": [list(astuple(q)) for q in quotas]}
+        await self.mgr.store.kv_set(HOLDS_NS, f"{self.skey} {run.id}", json.dumps(hold))
+
+    async def _give_back(self, run: RunRecord, day: str, quotas: list[Quota]) -> None:
+        """The turn's reservation, released (never twice: the note goes first)."""
+        await self.mgr.store.kv_delete(HOLDS_NS, f"{self.skey} {run.id}")
+        await self.mgr.store.release_usage(day, run.credits, quotas)
+
+    async def _settle_holds(self) -> None:
+        """Reservations of this session's turns that ended without settling them (a replica
+        killed or cut off from the store mid-turn): no turn of the session runs now, so each
+        is either committed (charged: its note goes) or given back."""
+        prefix = self.skey + " "
+        for key, value in (await self.mgr.store.kv_items(HOLDS_NS)).items():
+            if not key.startswith(prefix):
+                continue
+            await self.mgr.store.kv_delete(HOLDS_NS, key)
+            run_id = key[len(prefix) :]
+            if await self.mgr.store.run_messages(run_id):
+                continue
+            hold = json.loads(value)
+            quotas = [Quota(*q) for q in hold["quotas"]]
+            await self.mgr.store.release_usage(hold["day"], hold["credits"], quotas)
+            log.info(
+                "gave back %s credits reserved by run %s, which never ended",
+                hold["credits"],
+                run_id,
+                extra={"session": self.skey, "channel": self.key.channel},
+            )
 
     def _report(self, run: RunRecord) -> None:
         t = self.mgr.telemetry
@@ -557,6 +600,7 @@ COMMANDS = frozenset({"reset", "start", "help"})
 UNCHARGED = frozenset({"model_error", "error", "timeout"})  # when no model call completed
 PARTS_QUIET_S = 1.0  # the rest of a post sent as several messages comes within this
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
+HOLDS_NS = "quota.holds"  # "<session key> <run id>" -> a running turn's quota reservation
 TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record
 
 

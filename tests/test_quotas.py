@@ -4,6 +4,7 @@ atomically before the run, released when the model fails before producing anythi
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +15,10 @@ from core.agent.loop import AgentLoop, Limits
 from core.agent.tools import ToolRegistry
 from core.errors import ModelError, StoreError
 from core.models import InboundMessage, Sender, SessionKey
+from core.runner import HOLDS_NS
 from core.sessions import AgentProfile, DeliveryPolicy, QuotaPolicy, SessionManager
 from core.store import Quota, Store
+from core.store.admin import console
 from tests.fakes import RecordingOutlet, ScriptedModel, text
 
 DAY = "2026-11-29"
@@ -178,4 +181,54 @@ async def test_a_turn_the_store_makes_retry_is_charged_once(
 
 async def _until_answered(outlet: RecordingOutlet) -> None:
     while not outlet.texts():
+        await asyncio.sleep(0.05)
+
+
+async def test_a_turn_cut_off_before_its_commit_is_charged_once(
+    make: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica killed mid-turn (or whose commit the store refused) never gave its
+    reservation back, and the turn that answered the same message reserved again: the person
+    paid twice for one answer, and was refused early. The next turn of the session settles
+    what a turn left: given back if it never committed, kept if it did."""
+    skey = str(SessionKey("default", "test", "default", "c1"))
+    who = Quota("user", "test:default:ana", 10.0)
+    day = _today()
+    # the leftovers of a replica killed mid-turn: its reservation and its note, message pending
+    assert await store.reserve_usage(day, 1.0, [who]) is None
+    note = {"day": day, "credits": 1.0, "quotas": [["user", "test:default:ana", 10.0]]}
+    await store.kv_set(HOLDS_NS, f"{skey} run-of-a-dead-replica", json.dumps(note))
+    model = ScriptedModel()
+    model.add(text("answer"), text("second"), text("third"), text("third, again"))
+    manager, outlet = await make(model, QuotaPolicy(credits_per_run=1.0, user_daily=10.0))
+    await manager.submit(_msg("hello", "1"))
+    await _settle(manager)
+    assert outlet.texts() == ["answer"]
+    assert await store.usage(day, "user", "test:default:ana") == 1.0
+    assert await store.kv_items(HOLDS_NS) == {}
+    # a note left by a turn that did commit (cut off just after): its charge stays
+    (committed,) = [r.id for r in await console(store).runs(skey, 10) if r.status == "ok"]
+    await store.kv_set(HOLDS_NS, f"{skey} {committed}", json.dumps(note))
+    await manager.submit(_msg("again", "2"))
+    await _settle(manager)
+    assert await store.usage(day, "user", "test:default:ana") == 2.0
+    # a commit the store refused: the turn is tried again, and charged once
+    original, failures = store.complete_turn, [1]
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise StoreError("connection lost")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "complete_turn", refused)
+    await manager.submit(_msg("third time", "3"))
+    await asyncio.wait_for(_until_count(outlet, 3), 20)
+    await _settle(manager)
+    assert await store.usage(day, "user", "test:default:ana") == 3.0
+    assert await store.kv_items(HOLDS_NS) == {}
+
+
+async def _until_count(outlet: RecordingOutlet, count: int) -> None:
+    while len(outlet.texts()) < count:
         await asyncio.sleep(0.05)
