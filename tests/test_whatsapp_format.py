@@ -491,3 +491,10 @@ def test_markers_next_to_a_link_stay_text(source: str, shown: str | None) -> Non
     else:  # the stray fence is defused, so the code block keeps its own pair
         assert out.endswith("```print(1)```")
         assert out.count("```") == 2
+
+
+def test_an_address_with_accents_is_shown_once() -> None:
+    """markdown-it writes the link's address in punycode and %-escapes: the autolink was
+    shown twice, as typed and as https://xn--caf-dma.fr/%C3%A4."""
+    assert chunk("<https://café.fr/ä>") == ["https://café.fr/ä"]
+    assert chunk("[the shop](https://café.fr/)") == ["the shop (https://xn--caf-dma.fr/)"]

@@ -379,7 +379,10 @@ def inline_lines(children: list[Token], base: tuple[str, ...]) -> list[list[Span
         elif t.type == "link_close" and link is not None:
             href, shown = link[0], "".join(link[1]).strip()
             link = None
-            if href and href not in (shown, f"mailto:{shown}"):
+            # markdown-it spells an address in punycode and %-escapes: <https://café.fr/ä>
+            # is shown once, not beside https://xn--caf-dma.fr/%C3%A4
+            typed = (href, _MD.normalizeLinkText(href))
+            if href and shown not in typed and href != f"mailto:{shown}":
                 lines[-1].append(Span(f" ({href})" if shown else href))
         elif t.type == "image":
             src = str(t.attrs.get("src", ""))
