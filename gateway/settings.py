@@ -766,4 +766,35 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
         or any(getattr(s.channels, n).enabled for n in ("telegram", "slack", "whatsapp"))
     ):
         w.append(("channels", "no channel is enabled; only `switchboard chat` can reach the agent"))
+    w.extend(_webhook_url_warnings(s))
     return w
+
+
+TELEGRAM_PORTS = (443, 80, 88, 8443)  # the ports setWebhook accepts
+
+
+def _webhook_url_warnings(s: Settings) -> list[tuple[str, str]]:
+    """A public URL the platforms will not deliver webhooks to (they call only https://)."""
+    c, url = s.channels, s.server.public_url
+    callers = [
+        name
+        for name, on in (
+            ("Telegram", c.telegram.enabled and c.telegram.mode != "polling"),
+            ("Slack", c.slack.enabled and c.slack.mode == "events"),
+            ("WhatsApp", c.whatsapp.enabled),
+        )
+        if on
+    ]
+    if url is None or not callers:
+        return []
+    parts = urlsplit(url)
+    if parts.scheme != "https":
+        return [("server.public_url", f"{', '.join(callers)} deliver webhooks only to https://")]
+    try:
+        port = parts.port or 443
+    except ValueError:
+        return []
+    if "Telegram" in callers and port not in TELEGRAM_PORTS:
+        ports = ", ".join(map(str, TELEGRAM_PORTS))
+        return [("server.public_url", f"Telegram delivers webhooks only to ports {ports}")]
+    return []

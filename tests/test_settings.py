@@ -1033,3 +1033,37 @@ def test_numbers_and_switches_from_the_environment_still_read(tmp_path: Path) ->
     env = {"SWITCHBOARD__SERVER__PORT": "9000", "SWITCHBOARD__CHANNELS__WEB__ENABLED": "false"}
     s = load_settings(write(tmp_path, ""), environ=env)
     assert (s.server.port, s.channels.web.enabled) == (9000, False)
+
+
+@pytest.mark.parametrize(
+    ("channels", "url", "warning"),
+    [
+        (
+            '[channels.whatsapp]\nenabled = true\naccess_token = "t"\napp_secret = "s"\n'
+            'verify_token = "v"\nphone_number_id = "1"\n',
+            "http://bot.example.com",
+            "WhatsApp deliver webhooks only to https://",
+        ),
+        (
+            '[channels.telegram]\nenabled = true\ntoken = "1:x"\nwebhook_secret = "s"\n',
+            "https://bot.example.com:9443",
+            "Telegram delivers webhooks only to ports 443, 80, 88, 8443",
+        ),
+        (
+            '[channels.telegram]\nenabled = true\ntoken = "1:x"\nwebhook_secret = "s"\n',
+            "https://bot.example.com",
+            None,
+        ),
+        (
+            '[channels.telegram]\nenabled = true\ntoken = "1:x"\nmode = "polling"\n',
+            "http://x",
+            None,
+        ),
+    ],
+)
+def test_a_public_url_the_platforms_will_not_call_is_warned_of(
+    tmp_path: Path, channels: str, url: str, warning: str | None
+) -> None:
+    s = load_settings(write(tmp_path, f'[server]\npublic_url = "{url}"\n{channels}'), environ={})
+    found = [m for k, m in settings_warnings(s) if k == "server.public_url"]
+    assert found == ([warning] if warning else [])
