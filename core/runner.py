@@ -493,7 +493,7 @@ class SessionRunner:
         if msg.quotes is None or msg.reply_to is None or msg.kind is MessageKind.BUTTON:
             return msg
         try:
-            found = await self.mgr.store.quoted(msg.channel, msg.account, msg.reply_to)
+            found = await self.mgr.store.quoted(self.skey, msg.reply_to)
         except (StoreError, ValueError):  # a note is no reason to fail the turn (nor is an
             return msg  # old row the models cannot read)
         if found is None:

@@ -953,14 +953,12 @@ async def test_what_a_reply_quotes_is_found_by_its_platform_id(store: Store) -> 
     (part,) = await store.enqueue_replies(S1, [Reply(text="Option B: the blue one")])
     await store.mark_sent(part.id, "wamid.OUT1")
     await store.put_inbound(S1, msg("wamid.IN1", text="my order 991", account="1001"), 10)
-    assert await store.quoted("web", "1001", "wamid.OUT1") == (
-        "assistant",
-        "Option B: the blue one",
-    )
-    assert await store.quoted("web", "1001", "wamid.IN1") == ("user", "my order 991")
-    assert await store.quoted("web", "1002", "wamid.IN1") is None  # another number's
-    assert await store.quoted("slack", "1001", "wamid.OUT1") is None
-    assert await store.quoted("web", "1001", "wamid.nope") is None
+    assert await store.quoted(S1, "wamid.OUT1") == ("assistant", "Option B: the blue one")
+    assert await store.quoted(S1, "wamid.IN1") == ("user", "my order 991")
+    assert await store.quoted(S1, "wamid.nope") is None
+    # another conversation's messages, though the platform names them by id: never quoted
+    assert await store.quoted(S2, "wamid.OUT1") is None
+    assert await store.quoted(S2, "wamid.IN1") is None
 
 
 async def test_every_announced_key_value_change_is_told_to_the_namespace_watchers(

@@ -169,6 +169,30 @@ async def test_re_engagement_error_takes_the_template_path(start: Start, graph: 
         await until(lambda: _status(gw, 1, "sent"))
 
 
+async def test_the_window_closing_mid_reply_sends_only_the_rest_as_the_template(
+    start: Start, graph: FakeGraph, fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """131047 on a long reply's second message: the template carried the whole reply from
+    its start (the first message again, cut at 1,024 characters) and the rest never came.
+    What a template cannot carry is said in the log for the operator."""
+    fake_openai.responder = lambda body: Text(
+        "\n\n".join(f"Block {i} " + "x" * 3000 for i in range(3))
+    )
+    graph.fail(None, Failure(131047, message="Re-engagement message"))
+    caplog.set_level(logging.WARNING)
+    async with start(TEMPLATE) as gw:
+        await gw.notify(text_message("long please"))
+        await until(lambda: len(graph.sent) == 2)
+        await until(lambda: _status(gw, 1, "sent"))
+        assert [m["type"] for m in graph.sent] == ["text", "template"]
+        assert graph.sent[0]["text"]["body"].startswith("Block 0")
+        (param,) = graph.sent[1]["template"]["components"][0]["parameters"]
+        assert param["text"].startswith("Block 1 xxx")
+        assert len(param["text"]) <= 1024
+        assert await gw.store.kv_get("whatsapp.sent", "1") is None
+    assert "goes out as template reply_later, which carries at most 1024" in caplog.text
+
+
 @pytest.mark.parametrize("code", [130429, 131056])
 async def test_rate_limits_back_off_then_deliver(gw: Gateway, code: int) -> None:
     gw.graph.fail(Failure(code, message="Rate limit hit"))

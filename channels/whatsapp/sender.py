@@ -26,13 +26,14 @@ from cachetools import LRUCache
 from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
 from channels.whatsapp.client import PAIR_LIMITED, RE_ENGAGEMENT, THROTTLED, GraphClient
+from channels.whatsapp.format import plain, wlen
 from channels.whatsapp.menus import Menus
-from channels.whatsapp.outbound import plan_reply, recipient
+from channels.whatsapp.outbound import MAX_PARAM, Plan, plan_reply, recipient
 from channels.whatsapp.outbound import template as template_payload
 from channels.whatsapp.parse import CHANNEL
 from channels.whatsapp.settings import WhatsAppSettings
 from core.errors import ChannelError, StoreError
-from core.models import OutboundPart, SessionKey
+from core.models import OutboundPart, Reply, SessionKey
 
 __all__ = ["NS_SEEN", "Sender"]
 
@@ -93,15 +94,18 @@ class Sender:
         seen = await self._ctx.store.kv_get(NS_SEEN, str(key))
         return seen is not None and time.time() - float(seen) < window
 
-    async def _free_form(self, key: SessionKey, part: OutboundPart) -> str | None:
+    def _plan(self, key: SessionKey, part: OutboundPart) -> Plan:
         s = self._s
-        plan = plan_reply(
+        return plan_reply(
             part.reply,
             interactive=s.interactive,
             prompt=s.buttons_prompt,
             list_button=s.list_button,
             to=recipient(key.conversation),
         )
+
+    async def _free_form(self, key: SessionKey, part: OutboundPart) -> str | None:
+        plan = self._plan(key, part)
         if plan.skipped:
             log.warning(
                 "attachments without a URL cannot be sent on WhatsApp: %s",
@@ -133,6 +137,15 @@ class Sender:
             return []
         return [str(d) for d in done] if isinstance(done, list) else []
 
+    async def _unsent(self, key: SessionKey, part: OutboundPart) -> Reply:
+        """What of the part has not gone out: all of it, or, when the window closed after some
+        of its messages were sent, the text of the others (sent again, they would repeat)."""
+        done = await self._progress(part)
+        if not done:
+            return part.reply
+        rest = [_text_of(p) for p in self._plan(key, part).payloads[len(done) :]]
+        return part.reply.model_copy(update={"text": "\n\n".join(t for t in rest if t)})
+
     async def _closed(self, key: SessionKey, part: OutboundPart, why: str) -> str:
         s = self._s
         extra = {"session": str(key), "channel": CHANNEL}
@@ -146,15 +159,29 @@ class Sender:
             )
             raise ChannelError(f"{why}; no template configured", code="window_closed")
         log.info("%s: sending template %s", why, s.template_name, extra=extra)
+        reply = await self._unsent(key, part)
+        if wlen(plain(reply.text)) > MAX_PARAM or reply.buttons or reply.attachments:
+            log.warning(
+                "operator: reply part %d goes out as template %s, which carries at most %d "
+                "characters of its text and none of its buttons or files",
+                part.id,
+                s.template_name,
+                MAX_PARAM,
+                extra=extra,
+            )
         payload = template_payload(
-            part.reply,
+            reply,
             name=s.template_name,
             language=s.template_language,
             params=s.template_params,
             fallback=s.buttons_prompt,
         )
         await self._limiter.acquire(key.account)
-        return await self._graph.message_id(key.account, {**recipient(key.conversation), **payload})
+        to = recipient(key.conversation)
+        wamid = await self._graph.message_id(key.account, {**to, **payload})
+        with contextlib.suppress(StoreError):
+            await self._ctx.store.kv_delete(NS_PROGRESS, str(part.id))
+        return wamid
 
     async def _wait_hold(self, number: str, user: str) -> None:
         now = time.monotonic()
@@ -187,3 +214,12 @@ class Sender:
             extra={"session": str(session), "channel": CHANNEL},
         )
         return ChannelError(str(exc), retryable=True, retry_after=delay, code=exc.code)
+
+
+def _text_of(payload: dict[str, Any]) -> str:
+    """The text a message payload shows (a text message's body, an interactive one's)."""
+    if payload.get("type") == "text":
+        return str(payload["text"]["body"])
+    if payload.get("type") == "interactive":
+        return str(payload["interactive"].get("body", {}).get("text", ""))
+    return ""

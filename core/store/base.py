@@ -319,10 +319,10 @@ class Store(Protocol):
     async def delivery(self, part_id: int) -> tuple[str, str | None, str | None] | None:
         """(outbox status, platform delivery status, last error) of a reply part."""
 
-    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
-        """The message a person's reply quotes, when it is one the store knows: ("assistant",
-        text) for a reply part sent under `platform_id`, ("user", text) for a message stored
-        from the channel's `account`; None otherwise."""
+    async def quoted(self, session: str, platform_id: str) -> tuple[str, str] | None:
+        """The message a person's reply quotes, when it is one of this session's the store
+        knows: ("assistant", text) for a reply part sent under `platform_id`, ("user", text)
+        for a message stored; None otherwise (another conversation's message included)."""
 
     async def last_inbound_at(self, session: str) -> float | None:
         """When the person last wrote in this session (e.g. WhatsApp's 24-hour window)."""

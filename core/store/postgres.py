@@ -476,20 +476,21 @@ class PostgresStore:
             )
         return None if row is None else (row[0], row[1], row[2])
 
-    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
+    async def quoted(self, session: str, platform_id: str) -> tuple[str, str] | None:
+        channel = SessionKey.parse(session).channel
         async with self._conn() as c:
             sent = await c.fetchval(
-                "SELECT reply FROM outbox WHERE channel = $1 AND platform_id = $2 LIMIT 1",
+                "SELECT reply FROM outbox WHERE channel = $1 AND platform_id = $2"
+                " AND session = $3 LIMIT 1",
                 channel,
                 platform_id,
+                session,
             )
             if sent is not None:
                 return "assistant", Reply.model_validate_json(sent).text
             got = await c.fetchval(
-                "SELECT payload FROM inbox WHERE channel = $1 AND account = $2"
-                " AND platform_id = $3",
-                channel,
-                account,
+                "SELECT payload FROM inbox WHERE session = $1 AND platform_id = $2",
+                session,
                 platform_id,
             )
         if got is not None:

@@ -645,19 +645,22 @@ class SqliteStore:
         )
         return None if row is None else (row[0], row[1], row[2])
 
-    async def quoted(self, channel: str, account: str, platform_id: str) -> tuple[str, str] | None:
+    async def quoted(self, session: str, platform_id: str) -> tuple[str, str] | None:
+        channel = _channel_of(session)
+
         def op(c: sqlite3.Connection) -> tuple[str, str] | None:
             sent = _fetchone(
                 c,
-                "SELECT reply FROM outbox WHERE channel = ? AND platform_id = ? LIMIT 1",
-                (channel, platform_id),
+                "SELECT reply FROM outbox WHERE channel = ? AND platform_id = ? AND session = ?"
+                " LIMIT 1",
+                (channel, platform_id, session),
             )
             if sent is not None:
                 return "assistant", Reply.model_validate_json(sent[0]).text
             got = _fetchone(
                 c,
-                "SELECT payload FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
-                (channel, account, platform_id),
+                "SELECT payload FROM inbox WHERE session = ? AND platform_id = ?",
+                (session, platform_id),
             )
             if got is not None:
                 return "user", InboundMessage.model_validate_json(got[0]).text
