@@ -183,7 +183,7 @@ class _ToolCallAssembler:
             assert slot is not None
             self._slots[index] = slot
             current["id"] = current["id"] or new_id
-            current["name"] = current["name"] or str(fn.get("name") or "")
+            current["name"] = _name(current["name"], str(fn.get("name") or ""))
             current["arguments"] += _arguments(fn.get("arguments"))
 
     def result(self) -> tuple[ToolCall, ...]:
@@ -192,6 +192,14 @@ class _ToolCallAssembler:
             for i, c in sorted(self.calls.items())
             if c["name"]
         )
+
+
+def _name(known: str, piece: str) -> str:
+    """A tool's name from its deltas: OpenAI sends it whole, once; some compatible servers
+    send it whole with every delta, others in pieces ("cu", "rrent_time")."""
+    if piece.startswith(known):
+        return piece
+    return known + piece
 
 
 def _text(content: Any) -> str:

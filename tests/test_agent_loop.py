@@ -390,6 +390,20 @@ async def test_max_output_tokens_and_length_finish() -> None:
     assert outcome.text == "It depends on […]"  # shown as cut short
 
 
+async def test_a_server_that_ignores_max_tokens_is_cut_at_the_limit() -> None:
+    """max_output_tokens is a hard limit: a server that ignored max_tokens had its whole
+    answer delivered, counted by the tokens it said it used (any number, here 10)."""
+    model = ScriptedModel()
+    model.add(text("word " * 3000, output_tokens=10))
+    outcome, _ = await _run(model, Limits(max_output_tokens=300))
+    assert model.requests[0].max_tokens == 300
+    assert outcome.text.endswith(" […]")
+    assert len(outcome.text) <= 300 * 8 + len(" […]")
+    assert outcome.text.startswith("word word")
+    assert "max_output_tokens" in outcome.limits_hit
+    assert outcome.output_tokens >= 250  # by its text, not the 10 tokens it reported
+
+
 async def test_stop_finish_does_not_hit_output_limit() -> None:
     model = ScriptedModel()
     model.add(text("complete"))

@@ -556,6 +556,31 @@ async def test_odd_but_readable_shapes_are_read(canned: Canned) -> None:
     assert response.input_tokens is None
 
 
+async def test_a_tool_name_sent_in_pieces_or_again_with_every_delta_is_read_whole(
+    canned: Canned,
+) -> None:
+    """OpenAI sends the name once; some compatible servers split it ("cu", "rrent_time"):
+    the first piece alone was called, an unknown tool. Others repeat it whole each time."""
+
+    def call(index: int, name: str, args: str, **extra: str) -> dict[str, Any]:
+        delta = {"index": index, **extra, "function": {"name": name, "arguments": args}}
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]}
+
+    answer = _sse(
+        call(0, "cu", "", id="c1"),
+        call(0, "rrent_time", '{"tz":'),
+        call(0, "", '"UTC"}'),
+        call(1, "lookup", '{"q":', id="c2"),
+        call(1, "lookup", '"x"}'),
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    )
+    response = await _complete(canned, answer)
+    assert [(c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
+        ("current_time", {"tz": "UTC"}),
+        ("lookup", {"q": "x"}),
+    ]
+
+
 async def test_stream_with_index_reusing_provider(canned: Canned) -> None:
     """A provider that sends every complete call at index 0, each with its own id."""
     answer = _sse(
@@ -801,14 +826,14 @@ def test_merge_deltas_without_index() -> None:
     }
 
 
-def test_merge_ignores_non_dict_deltas_and_keeps_first_name() -> None:
+def test_merge_ignores_non_dict_deltas_and_keeps_a_repeated_name_once() -> None:
     asm = _ToolCallAssembler()
     asm.feed(
         [
             "junk",
             None,
             {"index": 0, "id": "a", "function": {"name": "add", "arguments": "{"}},
-            {"index": 0, "function": {"name": "other", "arguments": "}"}},
+            {"index": 0, "function": {"name": "add", "arguments": "}"}},
         ],
     )
     assert asm.calls == {0: {"id": "a", "name": "add", "arguments": "{}"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import time
@@ -254,8 +255,10 @@ class AgentLoop:
             if rest := visible.flush():
                 await emit(TextDelta(turn.run_id, rest))
             out.steps = step
+            response = _within(response, max_tokens)
             used_in = response.input_tokens or est_input
-            used_out = response.output_tokens or estimate_tokens(response.text)
+            floor = len(response.text) // MAX_TOKEN_CHARS  # whatever a server reports
+            used_out = max(response.output_tokens or estimate_tokens(response.text), floor)
             out.input_tokens += used_in
             out.output_tokens += used_out
             out.calls.append(_call_record(step, final, response, used_in, used_out, call_seconds))
@@ -364,6 +367,22 @@ class AgentLoop:
         if spent + this_call + next_call > lim.token_budget:
             return True, "token_budget"
         return False, None
+
+
+MAX_TOKEN_CHARS = 8  # characters in one token, at most, for any tokenizer in use
+
+
+def _within(response: ModelResponse, max_tokens: int) -> ModelResponse:
+    """The answer of a server that ignored max_tokens, cut where it should have stopped (at
+    a word, as a model stops), as if it had: the limit is the gateway's, not the server's."""
+    cap = max_tokens * MAX_TOKEN_CHARS
+    if len(response.text) <= cap:
+        return response
+    text = response.text[:cap]
+    if (space := text.rfind(" ", cap // 2)) > 0:
+        text = text[:space]
+    log.warning("the model server ignored max_tokens=%d: its answer was cut there", max_tokens)
+    return dataclasses.replace(response, text=text, finish_reason="length")
 
 
 CUT_RESULT = " … [cut here: the rest did not fit in this run's token budget]"
