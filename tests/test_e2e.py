@@ -523,12 +523,30 @@ async def test_a_stalled_page_has_its_stream_ended_so_it_reconnects() -> None:
     key = SessionKey("default", "web", "default", "s1")
     for i in range(QUEUE_SIZE + 1):
         await chat.run_delta(key, "r1", f"w{i} ")
+        await asyncio.sleep(0)  # each piece its own event: the page reads none of them
     assert (stalled.qsize(), stalled.get_nowait()) == (1, None)
     await chat.run_delta(key, "r1", "later")
+    await asyncio.sleep(0)
     assert stalled.empty()  # no longer fed
     assert other.empty()
     chat.close()
     assert other.get_nowait() is None
+
+
+async def test_a_burst_of_streamed_text_is_one_event_not_a_stalled_page() -> None:
+    """A fast model's thousands of pieces, with no turn of the event loop between them, each
+    took a place in the page's queue: a reader keeping up lost its stream after a few."""
+    chat = WebChat()
+    page = chat.subscribe("s1")
+    key = SessionKey("default", "web", "default", "s1")
+    for i in range(5 * QUEUE_SIZE):
+        await chat.run_delta(key, "r1", f"w{i} ")
+    await chat.run_ended(key, "r1", discarded=False)  # after the text, never before it
+    frames = [page.get_nowait() for _ in range(page.qsize())]
+    assert [f.split("\n")[0] for f in frames] == ["event: delta", "event: done"]
+    text = json.loads(frames[0].split("data: ", 1)[1])["text"]
+    assert text == "".join(f"w{i} " for i in range(5 * QUEUE_SIZE))
+    chat.close()
 
 
 async def test_open_pages_reload_when_news_from_other_replicas_may_have_been_missed(

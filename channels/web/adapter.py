@@ -90,6 +90,8 @@ class WebChat:
         self._origin = uuid.uuid4().hex[:12]  # this replica, which needs no news of its sends
         self._shown: LRUCache[str, None] = LRUCache(SHOWN_MAX)
         self._tasks: set[asyncio.Task[None]] = set()
+        # streamed text not yet on the pages: (run id, pieces) by conversation
+        self._deltas: dict[str, tuple[str, list[str]]] = {}
 
     async def start(self) -> None:
         if isinstance(self._relay, KvWatchingStore):
@@ -151,6 +153,8 @@ class WebChat:
                 del self._subscribers[session_id]
 
     def _publish(self, session_id: str, event: str, data: dict[str, Any]) -> None:
+        if event != "delta":
+            self._flush(session_id)  # the text streamed before it goes first
         frame = f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
         for queue in list(self._subscribers.get(session_id, ())):
             try:
@@ -232,7 +236,22 @@ class WebChat:
         self._publish(key.conversation, "typing", {"run_id": run_id})
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
-        self._publish(key.conversation, "delta", {"run_id": run_id, "text": text})
+        """Pieces that come faster than the event loop turns are sent as one event: a fast
+        model's burst (thousands of pieces) filled a page's queue, which then counted as a
+        stalled tab and lost its live stream."""
+        conversation = key.conversation
+        held = self._deltas.get(conversation)
+        if held is not None and held[0] == run_id:
+            held[1].append(text)
+            return
+        self._flush(conversation)
+        self._deltas[conversation] = (run_id, [text])
+        asyncio.get_running_loop().call_soon(self._flush, conversation)
+
+    def _flush(self, conversation: str) -> None:
+        held = self._deltas.pop(conversation, None)
+        if held is not None:
+            self._publish(conversation, "delta", {"run_id": held[0], "text": "".join(held[1])})
 
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
         self._publish(key.conversation, "discard" if discarded else "done", {"run_id": run_id})
