@@ -599,6 +599,7 @@ class SessionRunner:
 COMMANDS = frozenset({"reset", "start", "help"})
 UNCHARGED = frozenset({"model_error", "error", "timeout"})  # when no model call completed
 PARTS_QUIET_S = 1.0  # the rest of a post sent as several messages comes within this
+PARTS_MEDIA_QUIET_S = 3.0  # ... after a part with a file (two fetches of up to ~1.4 s each)
 MAX_RUNNER_FAILURES = 5  # in a row; the work stays stored and resumes on the next wake
 HOLDS_NS = "quota.holds"  # "<session key> <run id>" -> a running turn's quota reservation
 TOOL_TEXT_MAX = 2000  # characters of a tool call's arguments and result kept in the run record
@@ -619,11 +620,14 @@ def _last_turns(entries: list[HistoryEntry], turns: int) -> list[HistoryEntry]:
 
 def _rest_of_post(items: list[InboxItem]) -> float:
     """Seconds to wait for more parts of a post sent as several messages (an album), when
-    the newest pending message is one and came less than PARTS_QUIET_S ago."""
+    the newest pending message is one and came less than PARTS_QUIET_S ago; a part with a
+    file is stored only once the file is fetched, and the platform sends the next part only
+    then (each fetched in turn): PARTS_MEDIA_QUIET_S."""
     newest = items[-1].message
     if newest.part_of is None:
         return 0.0
-    return max(0.0, PARTS_QUIET_S - (time.time() - newest.received_at))
+    quiet = PARTS_MEDIA_QUIET_S if newest.attachments else PARTS_QUIET_S
+    return max(0.0, quiet - (time.time() - newest.received_at))
 
 
 def _burst(items: list[InboxItem], window_s: float) -> int:

@@ -19,7 +19,15 @@ from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
 from core.agent.sanitize import wrap_user_text
 from core.agent.tools import ToolRegistry
 from core.errors import ChannelError, StoreError
-from core.models import InboundMessage, MessageKind, OutboundPart, Reply, Sender, SessionKey
+from core.models import (
+    Attachment,
+    InboundMessage,
+    MessageKind,
+    OutboundPart,
+    Reply,
+    Sender,
+    SessionKey,
+)
 from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
@@ -460,6 +468,30 @@ async def test_the_parts_of_one_post_are_one_turn_in_followup_mode(
         "echo: photo1 | photo2 | photo3",
         "echo: after",
     ]
+
+
+async def test_an_albums_photos_that_take_a_while_to_fetch_are_one_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    """Each photo is stored once fetched, and the platform sends the next one only then: with
+    fetches of 0.8 and 1.2 s the second came after the one-second wait, and each photo was
+    answered on its own."""
+    rig: Rig = await make_rig()
+    photo = (Attachment(kind="image"),)
+    started = time.time()
+    for word, fetch_s in (("photo1", 0.8), ("photo2", 1.2), ("photo3", 0.3)):
+        arrived = time.time()  # when the update was read; stored once its file is fetched
+        await asyncio.sleep(fetch_s)
+        part = msg(word, part_of="album-7", attachments=photo, received_at=arrived)
+        await rig.manager.submit(part)
+    await settle(rig)
+    (answer,) = rig.outlet.texts()
+    assert [w for w in ("photo1", "photo2", "photo3") if w in answer] == [
+        "photo1",
+        "photo2",
+        "photo3",
+    ]
+    assert time.time() - started < 10
 
 
 async def test_parts_another_replica_stored_are_waited_for_too(
