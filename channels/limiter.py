@@ -8,16 +8,32 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-__all__ = ["KeyedLimiter"]
+__all__ = ["KeyedLimiter", "Stamp"]
+
+
+class Stamp:
+    """When one acquisition counts from: when it was let through, or (after `done`) when the
+    call it let through had been sent, as the platform counts it."""
+
+    __slots__ = ("_clock", "at")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock, self.at = clock, clock()
+
+    def done(self) -> None:
+        """The call went out now (calls let through together reach the platform one by one,
+        over the connection pool: counted from the first, the next window's first calls
+        came within a second of the last window's last)."""
+        self.at = max(self.at, self._clock())
 
 
 class _Window:
-    """The times of a key's last `rate` acquisitions, and a lock that lines its waiters up."""
+    """A key's last `rate` acquisitions, and a lock that lines its waiters up."""
 
-    __slots__ = ("lock", "times")
+    __slots__ = ("lock", "stamps")
 
     def __init__(self, rate: int) -> None:
-        self.times: deque[float] = deque(maxlen=rate)
+        self.stamps: deque[Stamp] = deque(maxlen=rate)
         self.lock = asyncio.Lock()
 
 
@@ -43,13 +59,15 @@ class KeyedLimiter:
         self._windows: dict[str, _Window] = {}
         self._max_keys = self._prune_at = max_keys
 
-    async def acquire(self, key: str) -> None:
+    async def acquire(self, key: str) -> Stamp:
         """Wait until the key has room, then count one (waiters go in the order they came)."""
         window = self._window(key)
         async with window.lock:  # while it is held, `take` counts nothing for this key
-            if (wait := self._wait(window)) > 0:
+            while (wait := self._wait(window)) > 0:  # noqa: ASYNC110 - a stamp may move later
                 await asyncio.sleep(wait)
-            window.times.append(self._clock())
+            stamp = Stamp(self._clock)
+            window.stamps.append(stamp)
+            return stamp
 
     async def take(self, key: str) -> float | None:
         """Count one now if the key has room (None); else, without waiting, the seconds until
@@ -60,14 +78,14 @@ class KeyedLimiter:
             wait = max(wait, self._period / self._rate)
         if wait > 0:
             return wait
-        window.times.append(self._clock())
+        window.stamps.append(Stamp(self._clock))
         return None
 
     def _wait(self, window: _Window) -> float:
-        """Seconds until the oldest of a full window's acquisitions leaves it (0: room now)."""
-        if len(window.times) < self._rate:
+        """Seconds until the earliest of a full window's acquisitions leaves it (0: room)."""
+        if len(window.stamps) < self._rate:
             return 0.0
-        return max(0.0, window.times[0] + self._period - self._clock())
+        return max(0.0, min(s.at for s in window.stamps) + self._period - self._clock())
 
     def _window(self, key: str) -> _Window:
         window = self._windows.get(key)
@@ -84,6 +102,6 @@ class KeyedLimiter:
         self._windows = {
             key: w
             for key, w in self._windows.items()
-            if w.lock.locked() or (w.times and w.times[-1] > since)
+            if w.lock.locked() or any(stamp.at > since for stamp in w.stamps)
         }
         self._prune_at = max(self._max_keys, 2 * len(self._windows))

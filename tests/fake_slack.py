@@ -430,6 +430,8 @@ def gateway_config(tmp_path: Path, slack: FakeSlack, model_url: str, extra: str 
         f'[store]\nurl = "sqlite:///{tmp_path}/sb.db"\n'
         f'[model]\nprovider = "openai"\nbase_url = "{model_url}"\nname = "fake"\n'
         f"max_retries = 1\n"
+        # the fakes answer at any length (tests of long replies), as a model asked for more would
+        "[agent.limits]\nmax_output_tokens = 4000\ntoken_budget = 30000\n"
         f'[channels]\nmedia_dir = "{tmp_path}/files"\n'
         f"[channels.slack]\nenabled = true\n"
         f'bot_token = "{BOT_TOKEN}"\nsigning_secret = "{SIGNING_SECRET}"\n'

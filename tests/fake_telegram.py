@@ -753,6 +753,8 @@ def write_config(
         f'[store]\nurl = "sqlite:///{tmp_path}/sb.db"\n'
         f'[model]\nprovider = "openai"\nbase_url = "{model_url}"\nname = "fake"\n'
         "max_retries = 1\n"
+        # the fakes answer at any length (tests of long replies), as a model asked for more would
+        "[agent.limits]\nmax_output_tokens = 4000\ntoken_budget = 30000\n"
         f'[channels]\nmedia_dir = "{tmp_path}/files"\n{channels}'
         "[channels.web]\nenabled = false\n"
         f'[channels.telegram]\nenabled = true\ntoken = "{fake.token}"\nmode = "{mode}"\n'

@@ -353,6 +353,8 @@ async def running_gateway(
         f'[store]\nurl = "sqlite:///{tmp_path}/sb.db"\n'
         f'[model]\nprovider = "openai"\nbase_url = "{model_url}"\nname = "fake"\n'
         "max_retries = 1\n"
+        # the fakes answer at any length (tests of long replies), as a model asked for more would
+        "[agent.limits]\nmax_output_tokens = 4000\ntoken_budget = 30000\n"
         f'[channels]\nmedia_dir = "{tmp_path}/files"\nmax_media_bytes = 4096\n'
         "[channels.web]\nenabled = false\n"
         "[channels.whatsapp]\nenabled = true\n"

@@ -398,7 +398,7 @@ async def test_a_server_that_ignores_max_tokens_is_cut_at_the_limit() -> None:
     outcome, _ = await _run(model, Limits(max_output_tokens=300))
     assert model.requests[0].max_tokens == 300
     assert outcome.text.endswith(" […]")
-    assert len(outcome.text) <= 300 * 8 + len(" […]")
+    assert len(outcome.text) <= 300 * 16 + len(" […]")
     assert outcome.text.startswith("word word")
     assert "max_output_tokens" in outcome.limits_hit
     assert outcome.output_tokens >= 250  # by its text, not the 10 tokens it reported

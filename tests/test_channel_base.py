@@ -116,6 +116,23 @@ async def test_keyed_limiter_forgets_only_keys_that_are_no_longer_counting() -> 
     assert sorted(limiter._windows) == sorted(f"new-{i}" for i in range(30))
 
 
+async def test_keyed_limiter_counts_a_call_from_when_it_went_out() -> None:
+    """The platform counts calls as they come: calls let through together went out one by
+    one over the connection pool, so counted from when they were let through, the next
+    window's first calls reached Telegram within a second of the last window's last."""
+    now = [0.0]
+    limiter = KeyedLimiter(2, 1.0, clock=lambda: now[0])
+    first, second = await limiter.acquire("all"), await limiter.acquire("all")
+    now[0] = 0.4
+    first.done()
+    now[0] = 0.5
+    second.done()
+    now[0] = 1.2
+    assert await limiter.take("all") == pytest.approx(0.2)  # until 1.4: a second after 0.4
+    now[0] = 1.4
+    assert await limiter.take("all") is None
+
+
 async def test_send_buttons_reach_the_run_outcome() -> None:
     model = ScriptedModel()
     model.add(

@@ -97,11 +97,15 @@ class TelegramClient:
     async def write(self, chat_id: int, call: Callable[[], Awaitable[T]], *, new: bool) -> T:
         """A call that posts to a chat, after the limiters let it through (`new`: it creates a
         message, which the per-group budget counts)."""
-        await self.per_chat.acquire(str(chat_id))
+        stamps = [await self.per_chat.acquire(str(chat_id))]
         if new and chat_id < 0:
-            await self.per_group.acquire(str(chat_id))
-        await self.overall.acquire("all")
-        return await self.call(call)
+            stamps.append(await self.per_group.acquire(str(chat_id)))
+        stamps.append(await self.overall.acquire("all"))
+        try:
+            return await self.call(call)
+        finally:
+            for stamp in stamps:  # as Telegram counts: when it came
+                stamp.done()
 
     async def send_text(
         self,

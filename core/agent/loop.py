@@ -369,7 +369,7 @@ class AgentLoop:
         return False, None
 
 
-MAX_TOKEN_CHARS = 8  # characters in one token, at most, for any tokenizer in use
+MAX_TOKEN_CHARS = 16  # characters in one token, at most (a run of spaces or dashes in one)
 
 
 def _within(response: ModelResponse, max_tokens: int) -> ModelResponse:
