@@ -308,6 +308,43 @@ async def test_malformed_signed_bodies_get_a_4xx_never_a_5xx(gw: SlackGateway, r
     assert 400 <= r.status_code < 500
 
 
+def _callback(event: object, **more: object) -> bytes:
+    return json.dumps(
+        {"type": "event_callback", "event_id": "Ev1", "event": event, **more}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b'{"foo": 1}', "type: a string is required"),
+        (_callback(None), "event: an object with a type"),
+        (_callback("x"), "event: an object with a type"),
+        (_callback({"type": "message", "text": "hi"}), "event.channel: a string is required"),
+        (_callback({"type": "message", "channel": ["D1"]}), "event.channel: a string is required"),
+        (_callback({"type": "message", "channel": "D1", "ts": 1.5}), "event.ts: must be a string"),
+        (_callback({"type": "message", "channel": "D1", "files": "f"}), "event.files: a list"),
+        (_callback({"type": "message", "channel": "D1", "files": ["f"]}), "event.files: a list"),
+        (_callback({"type": "message", "channel": "D1"}, authorizations="x"), "authorizations"),
+    ],
+)
+async def test_a_signed_event_that_cannot_be_read_gets_a_400_with_the_reason(
+    gw: SlackGateway, raw: bytes, reason: str
+) -> None:
+    """It got a 200 and was dropped without a word."""
+    r = await gw.post(raw)
+    assert r.status_code == 400
+    assert reason in r.json()["error"]
+
+
+async def test_events_of_other_kinds_are_still_acknowledged(gw: SlackGateway) -> None:
+    for raw in (
+        _callback({"type": "app_home_opened", "user": {"id": "U1"}}),
+        b'{"type": "app_rate_limited", "minute_rate_limited": 1}',
+    ):
+        assert (await gw.post(raw)).status_code == 200
+
+
 async def test_a_signed_body_that_is_not_utf8_gets_a_400_and_a_forged_one_a_401(
     gw: SlackGateway,
 ) -> None:

@@ -116,6 +116,68 @@ async def test_stream_mode_streams_in_the_thread_and_the_final_reply_replaces_it
     assert final["blocks"][0]["text"]["text"] == WORDS
 
 
+async def test_streamed_text_mentions_no_one(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """A person types <!here> (Slack delivers &lt;!here&gt;) and the agent repeats it: the
+    final reply escaped it, but the stream showed it as it was, to the whole channel."""
+    said = f"You said: <!here> <!channel> and <@U0OTHER01> {WORDS}"
+    fake_openai.responder = lambda body: Text(said, chunk_delay_s=0.08)
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "stream"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(mention("repeat: &lt;!here&gt; &lt;!channel&gt;"))
+        await slack.wait_for(lambda: slack.called("chat.update"), timeout=10)
+    (start,) = slack.called("chat.startStream")
+    streamed = start["markdown_text"] + "".join(
+        c["markdown_text"] for c in slack.called("chat.appendStream")
+    )
+    assert said.startswith(streamed.replace("\u200b", ""))  # the final reply ends it
+    assert "word1" in streamed
+    for mention_ in ("<!here>", "<!channel>", "<@U0OTHER01>"):
+        assert mention_ not in streamed
+
+
+async def test_a_429_on_a_preview_edit_holds_the_final_reply_back_too(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
+) -> None:
+    """Slack asked edits to wait 3 s; the final reply, an edit of the preview too, went at
+    once and would be refused again."""
+    fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.15)
+    slack.fail("chat.update", retry_after=3, after=1)
+    async with run_gateway(gateway_config(tmp_path, slack, fake_openai.url)) as gw:
+        await gw.post(event(message(DM, "tell me a story")))
+        await slack.wait_for(lambda: any(_final(c) for c in slack.calls), timeout=20)
+    refused = [c for c in slack.calls if c.method == "chat.update"][1]
+    assert refused.args["text"].endswith(" …")  # a preview's edit
+    final = next(c for c in slack.calls if _final(c))
+    assert final.at - refused.at >= 2.9
+
+
+async def test_preview_edits_that_show_nothing_new_are_not_sent(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preview shows the first section only: once it is full, every later edit repeated
+    the one before, spending the workspace's chat.update budget."""
+    monkeypatch.setattr("channels.slack.live.UPDATE_INTERVAL", 0.1)
+    monkeypatch.setattr("channels.slack.live.PREVIEW_EDITS_PER_MINUTE", 1000)
+    long = WORDS + " " + " ".join(["filler"] * 700)
+    fake_openai.responder = lambda body: Text(long, chunk_delay_s=0.01)
+    async with run_gateway(gateway_config(tmp_path, slack, fake_openai.url)) as gw:
+        await gw.post(event(message(DM, "tell me a story")))
+        await slack.wait_for(lambda: any(_final(c) for c in slack.calls), timeout=20)
+    previews = [
+        c.args["text"]
+        for c in slack.calls
+        if c.method in ("chat.postMessage", "chat.update") and c.args["text"].endswith(" …")
+    ]
+    assert len(previews) >= 3
+    assert all(a != b for a, b in itertools.pairwise(previews))
+
+
+def _final(call: Any) -> bool:
+    return call.method == "chat.update" and bool(call.args.get("blocks"))
+
+
 async def test_a_slow_thinking_reaction_never_holds_the_reply_back(
     tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:

@@ -135,6 +135,7 @@ class SlackAdapter:
 
     async def _replace(self, preview: Preview, key: SessionKey, m: SlackMessage) -> str:
         try:
+            await self.live.edits_allowed(key.account)
             await self.api.update(preview.channel, preview.ts, m.text, m.blocks)
             return preview.ts
         except ChannelError as exc:

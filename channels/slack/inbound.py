@@ -113,6 +113,10 @@ class Inbound:
         if not isinstance(body, dict):
             return web.json_response({"error": "body must be a JSON object"}, status=400)
         kind = body.get("type")
+        if not isinstance(kind, str):
+            return web.json_response({"error": "type: a string is required"}, status=400)
+        if kind == "event_callback" and (reason := _malformed_event(body)):
+            return web.json_response({"error": reason}, status=400)
         if kind == "url_verification":
             challenge = body.get("challenge")
             if not isinstance(challenge, str):
@@ -323,6 +327,31 @@ def _press_key(msg: InboundMessage) -> str:
     """Who pressed what, where: the same for a click or command made again."""
     what = msg.button_value if msg.kind is MessageKind.BUTTON else f"{msg.command} {msg.text}"
     return "\0".join([msg.account, msg.conversation, msg.thread or "", msg.sender.id, str(what)])
+
+
+def _malformed_event(body: dict[str, Any]) -> str | None:
+    """Why a signed event_callback cannot be read, or None: it was acknowledged and dropped
+    without a word (a message whose channel was a list, files that were strings)."""
+    event = body.get("event")
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return "event: an object with a type"
+    auths = body.get("authorizations")
+    if auths is not None and not _objects(auths):
+        return "authorizations: a list of objects"
+    if event["type"] not in ("message", "app_mention"):
+        return None  # other events are acknowledged as they come
+    if not isinstance(event.get("channel"), str):
+        return "event.channel: a string is required"
+    for name in ("ts", "user", "text", "thread_ts", "subtype", "bot_id"):
+        if event.get(name) is not None and not isinstance(event[name], str):
+            return f"event.{name}: must be a string"
+    if event.get("files") is not None and not _objects(event["files"]):
+        return "event.files: a list of objects"
+    return None
+
+
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
 def _malformed_actions(body: Any) -> str | None:

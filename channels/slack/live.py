@@ -80,6 +80,7 @@ class _Run:
     status: str | None = None  # "assistant" | "reaction"
     text: str = ""
     flushed: int = 0
+    shown: str = ""  # the preview's text as last sent
     broken: bool = False  # the preview failed for good; the final reply still goes out
     preview_ts: str | None = None
     pump: asyncio.Task[None] | None = None
@@ -98,6 +99,8 @@ class Live:
         self._no_assistant: set[str] = set()  # channels where setStatus was refused
         self._background: set[asyncio.Task[None]] = set()  # thinking status calls
         self._edits = KeyedLimiter(PREVIEW_EDITS_PER_MINUTE, 60.0)  # per workspace
+        # workspace -> when (time.monotonic) Slack's last 429 on an edit lets edits go again
+        self._edits_after: dict[str, float] = {}
 
     async def preview(self, key: SessionKey, run_id: str | None) -> Preview | None:
         """The finished run's preview, for its final reply to replace; from the store when
@@ -312,23 +315,33 @@ class Live:
             await asyncio.shield(run.inflight)  # a cancelled pump still learns the preview's ts
             run.last_flush = max(run.last_flush, time.monotonic())
 
+    async def edits_allowed(self, account: str) -> None:
+        """Wait out the Retry-After Slack gave the workspace's last edit (a final reply
+        replacing its preview is an edit too: sent at once, it was refused again)."""
+        if (wait := self._edits_after.get(account, 0.0) - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+
     async def _flush(self, run: _Run) -> None:
         key, text, new = run.key, run.text, run.preview_ts is None
         try:
             if run.stream and run.preview_ts is None and key.thread is not None:
                 run.preview_ts = await self._api.start_stream(
-                    key.conversation, key.thread, text, key.account, run.user
+                    key.conversation, key.thread, _inert(text), key.account, run.user
                 )
             elif run.stream and run.preview_ts is not None:
-                await self._api.append_stream(key.conversation, run.preview_ts, text[run.flushed :])
+                sent = len(_inert(text[: run.flushed]))  # what was sent is a prefix of it
+                await self._api.append_stream(key.conversation, run.preview_ts, _inert(text)[sent:])
             elif run.preview_ts is None:
-                preview = _preview(text)
-                run.preview_ts = await self._api.post(key.conversation, preview, [], key.thread)
+                run.shown = _preview(text)
+                run.preview_ts = await self._api.post(key.conversation, run.shown, [], key.thread)
+            elif (preview := _preview(text)) == run.shown:
+                pass  # only the first section is shown, and it is there already: no edit
             elif (wait := await self._edits.take(key.account)) is not None:
                 run.last_flush = time.monotonic() + wait  # the workspace's edits are spent
                 return
             else:
-                await self._api.update(key.conversation, run.preview_ts, _preview(text), [])
+                await self._api.update(key.conversation, run.preview_ts, preview, [])
+                run.shown = preview
         except ChannelError as exc:
             extra = {"session": str(key), "channel": key.channel}
             if run.stream and run.preview_ts is None:
@@ -336,6 +349,8 @@ class Live:
                 run.stream = False
             elif exc.retryable:
                 run.last_flush = time.monotonic() + (exc.retry_after or 0.0)
+                if exc.retry_after and not run.stream:
+                    self._edits_after[key.account] = run.last_flush
             else:
                 log.warning("slack preview stopped: %s", exc, extra=extra)
                 run.broken = True
@@ -350,6 +365,13 @@ class Live:
             await asyncio.gather(run.pump, return_exceptions=True)
         if run.inflight is not None:
             await asyncio.gather(run.inflight, return_exceptions=True)
+
+
+def _inert(markdown: str) -> str:
+    """Streamed text (Markdown, which Slack's streams take as it is) that names no one: a
+    zero-width space after each "<" that would open <!here>, <!channel>, <@U…> or <#C…>,
+    as a person may have typed it and the agent repeated it."""
+    return re.sub(r"<(?=[!@#])", "<\u200b", markdown)
 
 
 def _preview(markdown: str) -> str:
