@@ -671,10 +671,16 @@ def test_ctrl_c_at_the_chat_prompt_ends_it_at_once(tmp_path: Path) -> None:
         env=clean_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(3)  # started, and reading stdin
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60  # a fresh checkout builds the knowledge index first
+        while "runtime started" not in proc.stderr.readline():
+            assert time.monotonic() < deadline
+            assert proc.poll() is None
+        time.sleep(0.5)  # and is reading stdin
         proc.send_signal(signal.SIGINT)
         assert proc.wait(5) == 130
     finally:
