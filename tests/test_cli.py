@@ -689,6 +689,8 @@ def test_ctrl_c_at_the_chat_prompt_ends_it_at_once(tmp_path: Path) -> None:
             proc.wait(5)
         assert proc.stdin is not None
         proc.stdin.close()
+        assert proc.stderr is not None
+        proc.stderr.close()
 
 
 def test_chat_with_a_bad_config_exits_2(tmp_path: Path) -> None:
