@@ -12,9 +12,11 @@ from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
 from core.agent.builtin import SendButtons
 from core.agent.loop import AgentLoop, Limits, Turn
+from core.agent.prompt import history_messages
 from core.agent.tools import ToolRegistry
-from core.models import Button, InboundMessage, Sender, SessionKey
+from core.models import Button, InboundMessage, Reply, Sender, SessionKey
 from core.store import SqliteStore
+from core.store.base import HistoryEntry
 from tests.fakes import ScriptedModel, calls, text
 
 
@@ -183,3 +185,23 @@ async def test_store_kv_delivery_and_last_inbound(store: SqliteStore) -> None:
     assert await store.delivery(part.id) == ("sent", "read", None)
     assert await store.update_delivery("whatsapp", "wamid.out", "failed", "131026")
     assert await store.delivery(part.id) == ("sent", "failed", "131026")
+
+
+async def test_buttons_alone_are_no_apology_and_the_next_turn_reads_them() -> None:
+    """A model that called send_buttons and wrote nothing: the person got "Sorry, I couldn't
+    put together an answer" above the buttons. Each channel words buttons alone its own way
+    (WhatsApp's buttons_prompt, Telegram's arrow); the history shows the model what it offered
+    (an empty assistant message is refused by model APIs)."""
+    model = ScriptedModel()
+    model.add(calls(("send_buttons", '{"buttons": [{"label": "Yes"}, {"label": "No"}]}')), text(""))
+    loop = AgentLoop(model, ToolRegistry([SendButtons()]), Limits())
+    turn = Turn(run_id="r", session="s", system="sys", history=[], user_texts=["book?"])
+
+    async def emit(event: object) -> None:
+        return None
+
+    outcome = await loop.run(turn, emit)
+    assert (outcome.text, [b.label for b in outcome.buttons]) == ("", ["Yes", "No"])
+    reply = Reply(text="", buttons=tuple(outcome.buttons))
+    entry = HistoryEntry("assistant", "", "r", 0.0, reply_json=reply.model_dump_json())
+    assert [m.content for m in history_messages([entry])] == ["[offered buttons: Yes | No]"]

@@ -288,6 +288,8 @@ class AgentLoop:
                 tool_results.append(content)
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or (APOLOGY_LIMIT if out.limits_hit else APOLOGY_EMPTY)
+        if not last_text and ctx.buttons and not out.limits_hit:
+            out.text = ""  # buttons alone: each channel words them its way (not an apology)
         if last_text and cut:  # shown as cut short, not as if that were the whole answer
             out.text = f"{last_text.rstrip()} {CUT_MARK}"
             await emit(TextDelta(turn.run_id, f" {CUT_MARK}"))

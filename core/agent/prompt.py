@@ -43,8 +43,12 @@ def history_messages(entries: list[HistoryEntry]) -> list[ChatMessage]:
     for e in entries:
         if e.role == "user":
             out.append(ChatMessage("user", wrap_user_text(e.content)))
-        elif e.role == "assistant":
+        elif e.role == "assistant" and e.content.strip():
             out.append(ChatMessage("assistant", e.content))
+        elif e.role == "assistant" and (reply := e.reply) is not None and reply.buttons:
+            # an answer that was buttons alone (no text: a model API refuses an empty message)
+            labels = " | ".join(b.label for b in reply.buttons)
+            out.append(ChatMessage("assistant", f"[offered buttons: {labels}]"))
     return out
 
 
