@@ -244,6 +244,7 @@ class FakeTelegram:
     token: str = TOKEN
     username: str = "switchboard_test_bot"
     drafts_supported: bool = True
+    drafts_refused: set[int] = field(default_factory=set)  # chats answering 400 to a draft
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     stamps: list[float] = field(default_factory=list)  # time.monotonic() of each call
     sent: list[Sent] = field(default_factory=list)  # every message created, in order
@@ -595,7 +596,7 @@ class FakeTelegram:
         if not self.drafts_supported:
             raise _ApiError(404, "Not Found")
         chat_id = self._chat(p)
-        if chat_id < 0:
+        if chat_id < 0 or chat_id in self.drafts_refused:
             raise _ApiError(400, "Bad Request: TEXTDRAFT_PEER_INVALID")
         if not int(p.get("draft_id", 0)):
             raise _ApiError(400, "Bad Request: draft_id must be non-zero")

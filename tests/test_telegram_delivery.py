@@ -25,6 +25,7 @@ from core.store import SqliteStore
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_telegram import (
     ANA,
+    BOB,
     GROUP,
     FakeTelegram,
     Gateway,
@@ -240,6 +241,22 @@ async def test_without_drafts_private_previews_are_edited_in_place(
     assert tg.in_chat(ANA.id)[0].edits >= 1
     assert tg.in_chat(ANA.id)[0].html == f"<b>{words}</b>"
     assert tg.methods().count("sendMessageDraft") == 1  # learnt once, not asked again
+
+
+async def test_a_chat_that_refuses_a_draft_edits_messages_and_the_others_keep_drafts(
+    start: Start, tg: FakeTelegram, fake_openai: FakeOpenAI
+) -> None:
+    """One chat's 400 to sendMessageDraft turned drafts off for every chat until a restart."""
+    tg.drafts_refused.add(ANA.id)
+    words = " ".join(f"w{i}" for i in range(16))
+    fake_openai.responder = lambda body: Text(words, chunk_delay_s=0.08)
+    gw = await start(tg)
+    await gw.deliver(tg.message(ANA, "one"))
+    await until(lambda: len(tg.in_chat(ANA.id)) == 1 and tg.in_chat(ANA.id)[0].text == words)
+    assert tg.in_chat(ANA.id)[0].edits >= 1  # its preview was a message, edited
+    await gw.deliver(tg.message(BOB, "two"))
+    await until(lambda: len(tg.in_chat(BOB.id)) == 1 and tg.in_chat(BOB.id)[0].text == words)
+    assert {chat for chat, _, _ in tg.drafts} == {BOB.id}  # Bob still got drafts
 
 
 async def test_a_discarded_run_deletes_its_preview(

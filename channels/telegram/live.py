@@ -88,6 +88,7 @@ class Live:
     def __init__(self, client: TelegramClient, store: Store, *, streaming: bool) -> None:
         self._client, self._store, self._streaming = client, store, streaming
         self._drafts = True  # until the server says it has no sendMessageDraft
+        self._no_drafts: LRUCache[int, None] = LRUCache(_KEEP)  # chats that refused one
         self._running: dict[str, Preview] = {}
         self._finished: LRUCache[str, Preview] = LRUCache(_KEEP)
 
@@ -99,7 +100,7 @@ class Live:
             chat_id=chat,
             thread=int(key.thread) if key.thread else None,
             reply_to=quoted(newest) if chat < 0 else None,
-            draft=chat > 0 and self._drafts,
+            draft=chat > 0 and self._drafts and chat not in self._no_drafts,
         )
         old = self._running.pop(str(key), None)
         if old is not None:
@@ -219,7 +220,11 @@ class Live:
                 if exc.code not in ("not_found", "bad_request") or is_parse_error(exc):
                     raise
                 log.info("sendMessageDraft unavailable (%s); previews edit messages instead", exc)
-                self._drafts = state.draft = False
+                state.draft = False
+                if exc.code == "not_found":  # the server has no such method
+                    self._drafts = False
+                else:  # refused for this chat: the others keep their drafts
+                    self._no_drafts[chat] = None
         await self._roll(key, state, chunks)
 
     async def _roll(self, key: SessionKey, state: Preview, pages: list[tuple[str, str]]) -> None:
