@@ -404,6 +404,20 @@ async def test_a_server_that_ignores_max_tokens_is_cut_at_the_limit() -> None:
     assert outcome.output_tokens >= 250  # by its text, not the 10 tokens it reported
 
 
+async def test_an_answer_with_nothing_in_it_or_cut_by_a_filter_says_so_in_the_run() -> None:
+    """Both looked like successes to the operator: the empty answer (the person got the
+    apology) had status ok, and text a content filter stopped went out as a whole answer."""
+    model = ScriptedModel()
+    model.add(text(""))
+    outcome, _ = await _run(model, Limits())
+    assert (outcome.status, outcome.text) == ("empty", APOLOGY_EMPTY)
+    model = ScriptedModel()
+    model.add(ModelResponse(text="Here is some", output_tokens=3, finish_reason="content_filter"))
+    outcome, _ = await _run(model, Limits())
+    assert (outcome.status, outcome.text) == ("limit", "Here is some […]")
+    assert outcome.limits_hit == ["content_filter"]
+
+
 async def test_stop_finish_does_not_hit_output_limit() -> None:
     model = ScriptedModel()
     model.add(text("complete"))

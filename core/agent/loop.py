@@ -265,9 +265,13 @@ class AgentLoop:
             prev_input, sent_upto = used_in, len(messages)
             if response.finish_reason == "length" and "max_output_tokens" not in out.limits_hit:
                 out.limits_hit.append("max_output_tokens")
+            if response.finish_reason == "content_filter" and (
+                "content_filter" not in out.limits_hit
+            ):  # the provider's filter stopped the answer: shown as cut, recorded as such
+                out.limits_hit.append("content_filter")
             answer = strip_reasoning(response.text)
             if answer and not shows_nothing(answer):
-                last_text, cut = answer, response.finish_reason == "length"
+                last_text, cut = answer, response.finish_reason in ("length", "content_filter")
             if final or not response.tool_calls:
                 break
             messages.append(ChatMessage("assistant", response.text or None, response.tool_calls))
@@ -290,6 +294,8 @@ class AgentLoop:
         out.text = last_text or (APOLOGY_LIMIT if out.limits_hit else APOLOGY_EMPTY)
         if not last_text and ctx.buttons and not out.limits_hit:
             out.text = ""  # buttons alone: each channel words them its way (not an apology)
+        elif not last_text and not out.limits_hit:
+            out.status = "empty"  # the apology went out: the operator sees the model said nothing
         if last_text and cut:  # shown as cut short, not as if that were the whole answer
             out.text = f"{last_text.rstrip()} {CUT_MARK}"
             await emit(TextDelta(turn.run_id, f" {CUT_MARK}"))
