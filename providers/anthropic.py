@@ -112,6 +112,7 @@ class AnthropicClient(HttpModelClient):
                 input_tokens=_input_tokens(usage),
                 output_tokens=usage.get("output_tokens"),
                 finish_reason=_finish(data.get("stop_reason")),
+                model=self._model,
             )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ModelError("model returned a malformed response", retryable=True) from exc
@@ -163,6 +164,7 @@ class AnthropicClient(HttpModelClient):
             input_tokens=_input_tokens(usage),
             output_tokens=usage.get("output_tokens"),
             finish_reason=_finish(stop_reason),
+            model=self._model,
         )
 
 

@@ -93,6 +93,7 @@ class OpenAIClient(HttpModelClient):
                 input_tokens=_count(usage, "prompt_tokens"),
                 output_tokens=_count(usage, "completion_tokens"),
                 finish_reason=_finish(choice.get("finish_reason")),
+                model=self._model,
             )
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise ModelError("model returned a malformed response", retryable=True) from exc
@@ -133,6 +134,7 @@ class OpenAIClient(HttpModelClient):
             input_tokens=_count(usage, "prompt_tokens"),
             output_tokens=_count(usage, "completion_tokens"),
             finish_reason=finish,
+            model=self._model,
         )
 
 

@@ -165,6 +165,8 @@ async def test_loop_falls_back_from_an_overloaded_anthropic_to_openai() -> None:
     assert out.text == "Answered by the fallback."
     assert len(anthropic.requests) == 2  # the first try and one retry
     assert len(openai.requests) == 1
+    # the run says which model answered (the console showed no sign of the fallback)
+    assert [c["model"] for c in out.calls if "step" in c] == ["gpt"]
 
 
 async def test_a_long_retry_after_goes_to_the_fallback_while_the_run_has_time() -> None:

@@ -445,4 +445,5 @@ def _call_record(
         "output_tokens": used_out,
         "finish_reason": response.finish_reason,
         "tool_calls": [c.name for c in response.tool_calls],
+        "model": response.model,
     }

@@ -66,6 +66,7 @@ class ModelResponse:
     output_tokens: int | None = None
     finish_reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    model: str | None = None  # the configured model that answered (a fallback's, say)
 
 
 class ModelClient(Protocol):
