@@ -785,6 +785,8 @@ def _webhook_url_warnings(s: Settings) -> list[tuple[str, str]]:
         )
         if on
     ]
+    if url is None and "Telegram" in callers:  # updates come, once Telegram is told where
+        return [("server.public_url", "unset: `switchboard telegram set-webhook` needs it")]
     if url is None or not callers:
         return []
     parts = urlsplit(url)

@@ -54,18 +54,14 @@ class TelegramSettings(ChannelSection):
         return value.removeprefix("@") if value else None
 
     def effective_mode(self, public_url: str | None) -> str:
-        return self.mode or ("webhook" if public_url else "polling")
+        """`mode`, or webhook when there is a public URL or a webhook secret to check updates
+        by, long polling when there is neither."""
+        webhook = public_url or present(self.webhook_secret)
+        return self.mode or ("webhook" if webhook else "polling")
 
     def problems(self, public_url: str | None) -> list[tuple[str, str]]:
-        p: list[tuple[str, str]] = []
-        if self.enabled and self.effective_mode(public_url) == "webhook":
-            if not present(self.webhook_secret):
-                p.append(
-                    (
-                        "channels.telegram.webhook_secret",
-                        "required when the channel is enabled in webhook mode",
-                    )
-                )
-            if public_url is None:
-                p.append(("server.public_url", 'required for channels.telegram.mode = "webhook"'))
-        return p
+        webhook = self.enabled and self.effective_mode(public_url) == "webhook"
+        if webhook and not present(self.webhook_secret):
+            key = "channels.telegram.webhook_secret"
+            return [(key, "required when the channel is enabled in webhook mode")]
+        return []
