@@ -119,16 +119,6 @@ def same_origin(request: web.Request, public_url: str | None) -> bool:
     return netloc in ours
 
 
-def over_https(request: web.Request, public_url: str | None) -> bool:
-    """Whether the browser came over HTTPS: directly, as a trusted proxy says, or by the public
-    URL's host when that URL is https (a proxy in front, whose forwarded headers are not
-    trusted, still serves that URL over TLS)."""
-    if request.secure:
-        return True
-    public = urlsplit(public_url or "")
-    return public.scheme == "https" and request.host.lower() == public.netloc.lower()
-
-
 def client_key(address: str | None) -> str:
     """Whom a client address stands for in a rate limit: an IPv6 address's /64 (one
     subscriber's whole network; counting each address let a client rotate past any limit)."""

@@ -19,7 +19,7 @@ from cachetools import LRUCache
 from channels.base import BadInput
 from channels.web import WebChat, conversation_of, new_secret, valid_secret
 from core.store import InboxStatus
-from gateway.http import client_key, json_error, over_https, page_csp, read_json, same_origin
+from gateway.http import client_key, json_error, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
 
 __all__ = ["PostGate", "add_routes"]
@@ -107,15 +107,14 @@ async def _browser(request: web.Request) -> _Browser:
     """The conversation the browser's cookie opens, or a new one (with its cookie).
 
     Over HTTPS the cookie is `__Host-` prefixed: only this host can set it, so a page on a
-    sibling subdomain cannot plant a cookie it knows (and read the chat the person then has).
-    Over plain HTTP nothing can stop that."""
-    if _https(request):
+    sibling subdomain cannot plant a cookie it knows (and read the chat the person then has);
+    no other cookie is read there (a planted one from before the upgrade would open a chat
+    its planter can read). Over plain HTTP nothing can stop that."""
+    if request.secure:
         secret = request.cookies.get(HOST_COOKIE)
         if valid_secret(secret):
             assert secret is not None
             return _Browser(conversation_of(secret), None)
-        if await _before_upgrade(request, request.cookies.get(COOKIE)):
-            return _Browser(request.cookies[COOKIE], None)
     else:
         secret = request.cookies.get(COOKIE)
         if valid_secret(secret):
@@ -140,10 +139,6 @@ async def _before_upgrade(request: web.Request, value: str | None) -> bool:
     return bool(await runtime.store.transcript(key, 1))
 
 
-def _https(request: web.Request) -> bool:
-    return over_https(request, request.app[SETTINGS].server.public_url)
-
-
 def _set_cookie(response: web.StreamResponse, secret: str | None, request: web.Request) -> None:
     """Over HTTPS the cookie also works where the chat is framed by a page of another site
     (a shop on its own domain): SameSite=None, so the browser sends it from the frame, and
@@ -153,7 +148,7 @@ def _set_cookie(response: web.StreamResponse, secret: str | None, request: web.R
     back) it stays SameSite=Lax: first-party only."""
     if secret is None:
         return
-    if not _https(request):
+    if not request.secure:
         response.set_cookie(
             COOKIE, secret, max_age=COOKIE_AGE_S, httponly=True, samesite="Lax", path="/"
         )
@@ -255,17 +250,17 @@ async def events(request: web.Request) -> web.StreamResponse:
         busy = json_error(503, "too many live chats open; the page tries again shortly")
         busy.headers["Retry-After"] = "30"
         return busy
-    browser = await _browser(request)
-    response = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",
-        }
-    )
-    _set_cookie(response, browser.cookie, request)
-    streams.open += 1
+    streams.open += 1  # before any wait: requests coming together are counted together
     try:
+        browser = await _browser(request)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        _set_cookie(response, browser.cookie, request)
         return await _stream(request, response, chat, browser.conversation)
     finally:
         streams.open -= 1

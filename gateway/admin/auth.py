@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from core.store.base import Store
-from gateway.http import client_key, json_error, over_https, same_origin
+from gateway.http import client_key, json_error, same_origin
 
 __all__ = ["COOKIE", "AdminAuth", "LoginThrottle", "too_many_failures"]
 
@@ -144,7 +144,7 @@ class AdminAuth:
             path=COOKIE_PATH,
             httponly=True,
             samesite="Strict",
-            secure=over_https(request, self.public_url),
+            secure=request.secure,
         )
 
 
