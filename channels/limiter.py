@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 
 __all__ = ["KeyedLimiter", "Stamp"]
@@ -28,13 +27,21 @@ class Stamp:
 
 
 class _Window:
-    """A key's last `rate` acquisitions, and a lock that lines its waiters up."""
+    """A key's latest `rate` acquisitions, and a lock that lines its waiters up."""
 
-    __slots__ = ("lock", "stamps")
+    __slots__ = ("lock", "rate", "stamps")
 
     def __init__(self, rate: int) -> None:
-        self.stamps: deque[Stamp] = deque(maxlen=rate)
+        self.rate = rate
+        self.stamps: list[Stamp] = []
         self.lock = asyncio.Lock()
+
+    def add(self, stamp: Stamp) -> None:
+        """Count one; a full window forgets its earliest (a stamp moved later by `done` may
+        no longer be the first one added)."""
+        if len(self.stamps) >= self.rate:
+            self.stamps.remove(min(self.stamps, key=lambda s: s.at))
+        self.stamps.append(stamp)
 
 
 class KeyedLimiter:
@@ -66,7 +73,7 @@ class KeyedLimiter:
             while (wait := self._wait(window)) > 0:  # noqa: ASYNC110 - a stamp may move later
                 await asyncio.sleep(wait)
             stamp = Stamp(self._clock)
-            window.stamps.append(stamp)
+            window.add(stamp)
             return stamp
 
     async def take(self, key: str) -> float | None:
@@ -78,7 +85,7 @@ class KeyedLimiter:
             wait = max(wait, self._period / self._rate)
         if wait > 0:
             return wait
-        window.stamps.append(Stamp(self._clock))
+        window.add(Stamp(self._clock))
         return None
 
     def _wait(self, window: _Window) -> float:

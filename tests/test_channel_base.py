@@ -135,6 +135,21 @@ async def test_keyed_limiter_counts_a_call_from_when_it_went_out() -> None:
     assert await limiter.take("all") is None
 
 
+async def test_keyed_limiter_forgets_the_earliest_call_not_the_first_let_through() -> None:
+    """A slow call let through first, done last, was forgotten first: the window then counted
+    from an older call, and let two more through at once (three at the platform)."""
+    now = [0.0]
+    limiter = KeyedLimiter(2, 5.0, clock=lambda: now[0])
+    slow = await limiter.acquire("k")
+    now[0] = 1.0
+    fast = await limiter.acquire("k")
+    fast.done()
+    now[0] = 10.0
+    slow.done()  # went out only now
+    assert await limiter.take("k") is None  # the fast one's window (1 + 5) is over
+    assert await limiter.take("k") == pytest.approx(5.0)  # the slow one counts until 15
+
+
 async def test_send_buttons_reach_the_run_outcome() -> None:
     model = ScriptedModel()
     model.add(
