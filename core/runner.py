@@ -306,7 +306,12 @@ class SessionRunner:
             return
         finally:
             self.turn_task = None
-        if (await self.mgr.store.get_session(self.skey)).state.get("handoff"):
+        try:
+            paused = (await self.mgr.store.get_session(self.skey)).state.get("handoff")
+        except StoreError:  # the turn is tried again: this one's preview goes, its record stays
+            await self._discard(run, day, quotas, tools, live, "store_error")
+            raise
+        if paused:
             # an operator took the session while this ran, on another replica (here, the pause
             # cancelled the turn): the answer is dropped, its messages are held for them
             log.info(
@@ -390,22 +395,23 @@ class SessionRunner:
         await self.mgr.store.kv_set(HOLDS_NS, f"{self.skey} {run.id}", json.dumps(hold))
 
     async def _give_back(self, run: RunRecord, day: str, quotas: list[Quota]) -> None:
-        """The turn's reservation, released (never twice: the note goes first)."""
-        await self.mgr.store.kv_delete(HOLDS_NS, f"{self.skey} {run.id}")
-        await self.mgr.store.release_usage(day, run.credits, quotas)
+        """The turn's reservation, released by whoever takes its note: this turn, or (it was
+        cut off) the session's next one, never both."""
+        if await self.mgr.store.kv_take(HOLDS_NS, f"{self.skey} {run.id}") is not None:
+            await self.mgr.store.release_usage(day, run.credits, quotas)
 
     async def _settle_holds(self) -> None:
         """Reservations of this session's turns that ended without settling them (a replica
         killed or cut off from the store mid-turn): no turn of the session runs now, so each
         is either committed (charged: its note goes) or given back."""
         prefix = self.skey + " "
-        for key, value in (await self.mgr.store.kv_items(HOLDS_NS)).items():
+        for key in await self.mgr.store.kv_items(HOLDS_NS):
             if not key.startswith(prefix):
                 continue
-            await self.mgr.store.kv_delete(HOLDS_NS, key)
+            value = await self.mgr.store.kv_take(HOLDS_NS, key)
             run_id = key[len(prefix) :]
-            if await self.mgr.store.run_messages(run_id):
-                continue
+            if value is None or await self.mgr.store.run_messages(run_id):
+                continue  # taken by its own turn meanwhile; or committed, and charged
             hold = json.loads(value)
             quotas = [Quota(*q) for q in hold["quotas"]]
             await self.mgr.store.release_usage(hold["day"], hold["credits"], quotas)

@@ -750,6 +750,35 @@ async def test_an_operator_pausing_on_another_replica_silences_the_running_turn(
     assert there.outlet.texts() == ["echo: I want to cancel"]
 
 
+async def test_a_store_error_reading_the_session_before_the_commit_ends_the_preview(
+    make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read that checks for an operator's pause failed: the turn was tried again, but its
+    live preview stayed on screen and its model call went unrecorded."""
+    rig: Rig = await make_rig(delay_s=0.3)
+    original, fail = rig.store.get_session, [False]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if fail[0]:
+            fail[0] = False
+            raise StoreError("connection lost")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(rig.store, "get_session", flaky)
+    await rig.manager.submit(msg("hello"))
+    while not rig.model.requests:
+        await asyncio.sleep(0.01)
+    fail[0] = True  # the next read is the check, once the model has answered
+    await settle(rig)
+    await asyncio.sleep(0.5)
+    await settle(rig)
+    first = next(e[2] for e in rig.outlet.events if e[0] == "started")
+    assert ("discarded", key(), first) in rig.outlet.events
+    runs = await console(rig.store).runs(str(key()), 10)
+    assert [r.limits_hit for r in runs if r.id == first] == [["store_error"]]
+    assert rig.outlet.texts() == ["echo: hello"]
+
+
 async def test_a_session_paused_while_it_waits_for_a_run_slot_stays_silent(
     make_rig: Callable[..., Any],
 ) -> None:

@@ -26,7 +26,7 @@ from cachetools import LRUCache
 from channels.base import ChannelContext
 from channels.limiter import KeyedLimiter
 from channels.whatsapp.client import PAIR_LIMITED, RE_ENGAGEMENT, THROTTLED, GraphClient
-from channels.whatsapp.format import plain, wlen
+from channels.whatsapp.format import ZWSP, plain, wlen
 from channels.whatsapp.menus import Menus
 from channels.whatsapp.outbound import MAX_PARAM, Plan, plan_reply, recipient
 from channels.whatsapp.outbound import template as template_payload
@@ -143,7 +143,8 @@ class Sender:
         done = await self._progress(part)
         if not done:
             return part.reply
-        rest = [_text_of(p) for p in self._plan(key, part).payloads[len(done) :]]
+        # the messages' text as sent, without the zero-width spaces that kept markers inert
+        rest = [_text_of(p).replace(ZWSP, "") for p in self._plan(key, part).payloads[len(done) :]]
         return part.reply.model_copy(update={"text": "\n\n".join(t for t in rest if t)})
 
     async def _closed(self, key: SessionKey, part: OutboundPart, why: str) -> str:
