@@ -837,6 +837,23 @@ def _msg(key: SessionKey, text: str, pid: str, name: str | None = None) -> Inbou
     )
 
 
+async def test_retrying_a_dead_letter_retries_the_older_ones_of_its_session_first(
+    store: Store,
+) -> None:
+    """The console lists dead letters newest first: retried one by one from the top, the
+    customer read the answers backwards. Retrying one puts its session's older ones back too
+    (they go out in order); another session's are left alone."""
+    q = console(store)
+    first, second = await store.enqueue_replies(str(A), [Reply(text="one"), Reply(text="two")])
+    (other,) = await store.enqueue_replies(str(B), [Reply(text="elsewhere")])
+    for part in (first, second, other):
+        await store.mark_failed(part.id, "401 token", permanent=True)
+    assert await q.retry_outbox(second.id) == str(A)
+    assert [p.reply.text for p in await store.outbox_pending(str(A))] == ["one", "two"]
+    assert await store.outbox_pending(str(B)) == []
+    assert await q.retry_outbox(first.id) is None  # already back
+
+
 async def test_sessions_waiting_for_an_operator_head_the_list_however_old(
     store: Store,
 ) -> None:
@@ -848,6 +865,8 @@ async def test_sessions_waiting_for_an_operator_head_the_list_however_old(
         await asyncio.sleep(0.01)
     await store.set_state(str(keys[0]), {"handoff": {"reason": "refund", "at": 1.0, "run": None}})
     assert await store.hold_pending(str(keys[1])) == 1
+    # a flow variable that says "handoff" is no pause (the word matched anywhere in the state)
+    await store.set_state(str(keys[2]), {"step": "handoff", "vars": {"handoff": None}})
     rows = await console(store).sessions(3)
     assert [r.key for r in rows] == [str(keys[1]), str(keys[0]), str(keys[5])]
 

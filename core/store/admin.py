@@ -126,10 +126,12 @@ class _Dialect:
     agent: str  # the agent part of the `session` column
     channel: str  # its channel part
     lower: str  # "{col}" with A-Z lowercased, and nothing else (as SQLite's lower() does)
+    paused: str  # whether the JSON session state "{col}" has a handoff (an operator has it)
 
 
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
+    paused="json_extract({col}, '$.handoff') IS NOT NULL",
     day="date({col}, 'unixepoch')",
     agent="substr(session, 1, instr(session, ':') - 1)",
     channel=(
@@ -140,6 +142,7 @@ _SQLITE = _Dialect(
 )
 _POSTGRES = _Dialect(
     now="extract(epoch from clock_timestamp())",  # leases run on the database clock
+    paused="({col})::jsonb -> 'handoff' IS NOT NULL AND ({col})::jsonb -> 'handoff' <> 'null'",
     day="to_char(to_timestamp({col}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
     agent="split_part(session, ':', 1)",
     channel="split_part(session, ':', 2)",
@@ -168,7 +171,7 @@ SELECT k.session, s.state, s.reset_at, s.lease_owner, i.last_in, o.last_out, i.m
   CASE WHEN s.lease_owner IS NOT NULL AND s.lease_until > {{now}} THEN 1 ELSE 0 END
 FROM k LEFT JOIN i ON i.session = k.session LEFT JOIN o ON o.session = k.session
 LEFT JOIN sessions s ON s.key = k.session {{matching}}
-ORDER BY CASE WHEN coalesce(i.held, 0) > 0 OR s.state LIKE '%"handoff"%' THEN 0 ELSE 1 END,
+ORDER BY CASE WHEN coalesce(i.held, 0) > 0 OR {{paused}} THEN 0 ELSE 1 END,
   CASE WHEN coalesce(i.last_in, 0) > coalesce(o.last_out, 0) THEN i.last_in
   ELSE coalesce(o.last_out, 0) END DESC, k.session LIMIT ? OFFSET ?
 """
@@ -238,6 +241,7 @@ class Console(ABC):
             where="WHERE session = ?" if key else "",
             where_key="WHERE key = ?" if key else "",
             now=self.dialect.now,
+            paused=self.dialect.paused.format(col="s.state"),
             matching=_MATCHING.format(
                 key=self.dialect.lower.format(col="k.session"),
                 payload=self.dialect.lower.format(col="payload"),
@@ -324,20 +328,27 @@ class Console(ABC):
         return out[:limit]
 
     async def retry_outbox(self, part_id: int) -> str | None:
-        """Put a failed reply part back to pending (attempts reset); returns its session, or
-        None when there is no such failed part."""
+        """Put a failed reply part back to pending (attempts reset), with its session's older
+        failed parts, so they go out in order (retried newest first, as the console lists
+        them, the person read the answers backwards); returns its session, or None when
+        there is no such failed part."""
         return await self._update(
             "UPDATE outbox SET status = 'pending', attempts = 0, error = NULL"
-            " WHERE id = ? AND status = 'failed' RETURNING session",
-            (part_id,),
+            " WHERE status = 'failed' AND id <= ?"
+            " AND session = (SELECT session FROM outbox WHERE id = ? AND status = 'failed')"
+            " RETURNING session",
+            (part_id, part_id),
         )
 
     async def retry_inbox(self, inbox_id: int) -> str | None:
-        """Queue a message of a failed run again; returns its session, or None."""
+        """Queue a message of a failed run again, with its session's older such messages (so
+        they are answered in order); returns its session, or None."""
+        failed = f"run_id IN (SELECT id FROM runs WHERE status IN {_FAILED})"
         return await self._update(
-            "UPDATE inbox SET status = 'pending' WHERE id = ? AND status = 'done'"
-            f" AND run_id IN (SELECT id FROM runs WHERE status IN {_FAILED}) RETURNING session",
-            (inbox_id,),
+            f"UPDATE inbox SET status = 'pending' WHERE status = 'done' AND {failed}"
+            " AND id <= ? AND session = (SELECT session FROM inbox"
+            f" WHERE id = ? AND status = 'done' AND {failed}) RETURNING session",
+            (inbox_id, inbox_id),
         )
 
 
