@@ -505,7 +505,9 @@ def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
 def env_source(key: str, env: Mapping[str, str]) -> str:
     """ " (from SWITCHBOARD__…)" naming the variables that set `key` (the key itself, a list
     holding it, or a part of it), or "" when only the file did."""
-    var = ENV_PREFIX + key.replace(".", "__").upper()
+    # "bindings[0].agent" is in the list SWITCHBOARD__BINDINGS sets
+    path = re.sub(r"\[\d+\]", "", key)
+    var = ENV_PREFIX + path.replace(".", "__").upper()
 
     def sets_it(name: str) -> bool:
         n = name.upper()

@@ -1076,3 +1076,12 @@ def test_telegram_takes_webhooks_when_it_has_a_secret_to_check_them_by(tmp_path:
     polling = '[channels.telegram]\nenabled = true\ntoken = "1:x"\n'
     s = load_settings(write(tmp_path, polling), environ={})
     assert s.channels.telegram.effective_mode(s.server.public_url) == "polling"
+
+
+def test_a_problem_in_a_list_set_by_a_variable_names_the_variable(tmp_path: Path) -> None:
+    """A rule across keys in a list the environment set named no variable."""
+    env = {"SWITCHBOARD__BINDINGS": '[{"agent": "nobody"}]'}
+    problems = problems_of(write(tmp_path, ""), environ=env)
+    assert ("bindings[0].agent", "no agent named 'nobody' (from SWITCHBOARD__BINDINGS)") in (
+        problems
+    )
