@@ -87,9 +87,22 @@ async def probe_all(settings: Settings) -> list[Probe]:
                 )
     probes = await asyncio.gather(*(_run(name, check) for name, check, _ in checks))
     return [
-        p if p.ok else Probe(p.name, False, f"{p.detail} (check {keys})")
+        p if p.ok else Probe(p.name, False, f"{p.detail} (check {_hint(p, keys)})")
         for p, (_, _, keys) in zip(probes, checks, strict=True)
     ]
+
+
+# how a failed call reads when the server was never reached (httpx, aiohttp, the Graph client)
+_UNREACHED = ("ConnectError", "ClientConnectorError", "unreachable", "no answer within")
+
+
+def _hint(probe: Probe, keys: str) -> str:
+    """The keys to look at: a server never reached says nothing of the credentials, so the
+    address is named (a channel's api_base) instead of its token."""
+    if not any(mark in probe.detail for mark in _UNREACHED):
+        return keys
+    section = keys.split(",")[0].rpartition(".")[0]
+    return f"{section}.api_base" if section.startswith("channels.") else keys
 
 
 def _model_check(endpoint: ModelEndpoint) -> Callable[[], Awaitable[str]]:

@@ -78,6 +78,22 @@ async def test_bad_credentials_fail_their_check(tmp_path: Path, fakes: Fakes) ->
     assert probes["slack auth.test"].ok
 
 
+async def test_a_platform_never_reached_names_its_address_not_its_token(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """Nothing listening at api_base: the report said to check the token."""
+    path = _config(tmp_path, fakes)
+    for fake in (fakes.telegram.url, fakes.slack.api_base, fakes.graph.url):
+        path.write_text(path.read_text().replace(fake, "http://127.0.0.1:9"))
+    probes = {p.name: p for p in await probe_all(load_settings(path))}
+    for name, channel in (
+        ("telegram getMe", "telegram"),
+        ("slack auth.test", "slack"),
+        ("whatsapp phone number", "whatsapp"),
+    ):
+        assert probes[name].detail.endswith(f"(check channels.{channel}.api_base)"), probes[name]
+
+
 async def test_check_reports_failed_live_checks_and_fails_only_when_strict(
     tmp_path: Path, fakes: Fakes
 ) -> None:
