@@ -893,6 +893,11 @@ async def test_sessions_are_searched_by_key_and_messages_and_paged(store: Store)
     assert await q.sessions(10, query="50%x") == []  # % and _ are text, not wildcards
     assert await q.sessions(10, query="0_1") == []
     assert len(await q.sessions(20, query="WHATSAPP")) == 12
+    # the stored JSON's field names, ids and punctuation are not what the customer wrote (they
+    # matched every session); a number is found as it is usually pasted
+    for noise in ("text", "platform_id", "received_at", "p1", "sender"):
+        assert await q.sessions(20, query=noise) == [], noise
+    assert [r.key for r in await q.sessions(10, query="+34 912-34 0003")] == [str(keys[3])]
     newest = [r.key for r in await q.sessions(5)]
     assert newest == [str(k) for k in reversed(keys[7:])]
     page2 = [r.key for r in await q.sessions(5, offset=5)]

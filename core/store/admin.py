@@ -127,11 +127,15 @@ class _Dialect:
     channel: str  # its channel part
     lower: str  # "{col}" with A-Z lowercased, and nothing else (as SQLite's lower() does)
     paused: str  # whether the JSON session state "{col}" has a handoff (an operator has it)
+    said: str  # what an inbox payload "{col}" shows an operator: text, sender name and id
 
 
 _SQLITE = _Dialect(
     now="((julianday('now') - 2440587.5) * 86400.0)",
     paused="json_extract({col}, '$.handoff') IS NOT NULL",
+    said="coalesce(json_extract({col}, '$.text'), '') || ' '"
+    " || coalesce(json_extract({col}, '$.sender.name'), '') || ' '"
+    " || coalesce(json_extract({col}, '$.sender.id'), '')",
     day="date({col}, 'unixepoch')",
     agent="substr(session, 1, instr(session, ':') - 1)",
     channel=(
@@ -143,6 +147,8 @@ _SQLITE = _Dialect(
 _POSTGRES = _Dialect(
     now="extract(epoch from clock_timestamp())",  # leases run on the database clock
     paused="({col})::jsonb -> 'handoff' IS NOT NULL AND ({col})::jsonb -> 'handoff' <> 'null'",
+    said="concat_ws(' ', ({col})::jsonb ->> 'text', ({col})::jsonb #>> '{{sender,name}}',"
+    " ({col})::jsonb #>> '{{sender,id}}')",
     day="to_char(to_timestamp({col}) AT TIME ZONE 'UTC', 'YYYY-MM-DD')",
     agent="split_part(session, ':', 1)",
     channel="split_part(session, ':', 2)",
@@ -224,10 +230,12 @@ class Console(ABC):
         chat id, words the customer wrote)."""
         if not query:
             return await self._sessions("", (limit, offset))
-        # as stored: in JSON (quotes and backslashes escaped); lowercased as the databases
-        # lowercase (ASCII only), so a name typed as written is found in any script
-        stored = json.dumps(query.translate(_ASCII_LOWER), ensure_ascii=False)[1:-1]
-        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", stored) + "%"
+        # in the text, the sender's name and id (not the stored JSON's field names and
+        # ids); lowercased as the databases lowercase (ASCII only); a phone number as its
+        # digits ("+1 555-000 0003" finds 15550000003)
+        if re.fullmatch(r"[+\d\s().-]+", query) and sum(c.isdigit() for c in query) >= 5:
+            query = re.sub(r"\D", "", query)
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", query.translate(_ASCII_LOWER)) + "%"
         return await self._sessions("", (pattern, pattern, limit, offset), matching=True)
 
     async def session(self, key: str) -> SessionRow | None:
@@ -244,7 +252,7 @@ class Console(ABC):
             paused=self.dialect.paused.format(col="s.state"),
             matching=_MATCHING.format(
                 key=self.dialect.lower.format(col="k.session"),
-                payload=self.dialect.lower.format(col="payload"),
+                payload=self.dialect.lower.format(col=self.dialect.said.format(col="payload")),
             )
             if matching
             else "",
