@@ -11,19 +11,21 @@ __all__ = ["KeyedLimiter", "Stamp"]
 
 
 class Stamp:
-    """When one acquisition counts from: when it was let through, or (after `done`) when the
-    call it let through had been sent, as the platform counts it."""
+    """When one acquisition counts from: when it was let through, or, for one taken
+    `until_done`, when the call it let through had been sent (`done`), as the platform
+    counts it; until then it counts as going out now."""
 
-    __slots__ = ("_clock", "at")
+    __slots__ = ("_clock", "at", "sent")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock, self.at = clock, clock()
+    def __init__(self, clock: Callable[[], float], *, sent: bool = True) -> None:
+        self._clock, self.at, self.sent = clock, clock(), sent
 
     def done(self) -> None:
         """The call went out now (calls let through together reach the platform one by one,
         over the connection pool: counted from the first, the next window's first calls
         came within a second of the last window's last)."""
         self.at = max(self.at, self._clock())
+        self.sent = True
 
 
 class _Window:
@@ -37,10 +39,11 @@ class _Window:
         self.lock = asyncio.Lock()
 
     def add(self, stamp: Stamp) -> None:
-        """Count one; a full window forgets its earliest (a stamp moved later by `done` may
-        no longer be the first one added)."""
-        if len(self.stamps) >= self.rate:
-            self.stamps.remove(min(self.stamps, key=lambda s: s.at))
+        """Count one; a full window forgets its earliest call sent (one moved later by
+        `done` may no longer be the first added; one still going out is never forgotten)."""
+        sent = [s for s in self.stamps if s.sent]
+        if len(self.stamps) >= self.rate and sent:
+            self.stamps.remove(min(sent, key=lambda s: s.at))
         self.stamps.append(stamp)
 
 
@@ -66,13 +69,15 @@ class KeyedLimiter:
         self._windows: dict[str, _Window] = {}
         self._max_keys = self._prune_at = max_keys
 
-    async def acquire(self, key: str) -> Stamp:
-        """Wait until the key has room, then count one (waiters go in the order they came)."""
+    async def acquire(self, key: str, *, until_done: bool = False) -> Stamp:
+        """Wait until the key has room, then count one (waiters go in the order they came).
+        `until_done`: it counts from the returned stamp's `done`, which the caller must call
+        once the call has gone out (or failed)."""
         window = self._window(key)
         async with window.lock:  # while it is held, `take` counts nothing for this key
             while (wait := self._wait(window)) > 0:  # noqa: ASYNC110 - a stamp may move later
                 await asyncio.sleep(wait)
-            stamp = Stamp(self._clock)
+            stamp = Stamp(self._clock, sent=not until_done)
             window.add(stamp)
             return stamp
 
@@ -89,10 +94,14 @@ class KeyedLimiter:
         return None
 
     def _wait(self, window: _Window) -> float:
-        """Seconds until the earliest of a full window's acquisitions leaves it (0: room)."""
+        """Seconds until the earliest call sent of a full window leaves it (0: room now; a
+        window of calls all still going out is looked at again after a period)."""
         if len(window.stamps) < self._rate:
             return 0.0
-        return max(0.0, min(s.at for s in window.stamps) + self._period - self._clock())
+        sent = [s.at for s in window.stamps if s.sent]
+        if not sent:
+            return self._period
+        return max(0.0, min(sent) + self._period - self._clock())
 
     def _window(self, key: str) -> _Window:
         window = self._windows.get(key)
@@ -109,6 +118,6 @@ class KeyedLimiter:
         self._windows = {
             key: w
             for key, w in self._windows.items()
-            if w.lock.locked() or any(stamp.at > since for stamp in w.stamps)
+            if w.lock.locked() or any(not st.sent or st.at > since for st in w.stamps)
         }
         self._prune_at = max(self._max_keys, 2 * len(self._windows))

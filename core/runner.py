@@ -256,10 +256,12 @@ class SessionRunner:
             await self._refuse(run, refused)
             return
         live = self._live()
+        held = False  # the reservation's note is written (else it is released directly)
         try:  # until the turn starts: if this fails, the turn is tried again, and so is its
             # reservation, which must not stay
             if quotas:
                 await self._hold(run, day, quotas)
+                held = True
             if over:  # in a group: answer the others, and tell those over their limit
                 self.batch_texts = [
                     described[i.id] for i in batch if i.message.sender.id not in over
@@ -272,7 +274,10 @@ class SessionRunner:
         except BaseException:
             if quotas:
                 with contextlib.suppress(StoreError):
-                    await asyncio.shield(self._give_back(run, day, quotas))
+                    if held:
+                        await asyncio.shield(self._give_back(run, day, quotas))
+                    else:
+                        await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
             raise
         tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
@@ -309,6 +314,7 @@ class SessionRunner:
         try:
             paused = (await self.mgr.store.get_session(self.skey)).state.get("handoff")
         except StoreError:  # the turn is tried again: this one's preview goes, its record stays
+            _fill(run, outcome)  # what it spent
             await self._discard(run, day, quotas, tools, live, "store_error")
             raise
         if paused:
@@ -319,6 +325,7 @@ class SessionRunner:
                 run.id,
                 extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
             )
+            _fill(run, outcome)  # what it spent
             await self._discard(run, day, quotas, tools, live, "paused")
             self.poked = True  # another round holds the messages
             return

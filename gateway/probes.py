@@ -93,7 +93,7 @@ async def probe_all(settings: Settings) -> list[Probe]:
 
 
 # how a failed call reads when the server was never reached (httpx, aiohttp, the Graph client)
-_UNREACHED = ("ConnectError", "ClientConnectorError", "unreachable", "no answer within")
+_UNREACHED = ("Connect", "unreachable", "no answer within")  # ClientConnectorDNSError too
 
 
 def _hint(probe: Probe, keys: str) -> str:

@@ -769,6 +769,16 @@ def settings_warnings(s: Settings) -> list[tuple[str, str]]:
     ):
         w.append(("channels", "no channel is enabled; only `switchboard chat` can reach the agent"))
     w.extend(_webhook_url_warnings(s))
+    if (s.server.public_url or "").startswith("https://") and not s.server.trust_forwarded:
+        w.append(
+            (
+                "server.trust_forwarded",
+                "off with an https public_url: behind a TLS proxy, set it (and have the proxy "
+                "send X-Forwarded-Proto and X-Forwarded-For) or cookies lose Secure, the web "
+                "chat cannot be embedded in another site, and every client has the proxy's "
+                "address",
+            )
+        )
     return w
 
 
@@ -781,14 +791,18 @@ def _webhook_url_warnings(s: Settings) -> list[tuple[str, str]]:
     callers = [
         name
         for name, on in (
-            ("Telegram", c.telegram.enabled and c.telegram.mode != "polling"),
+            ("Telegram", c.telegram.enabled and c.telegram.effective_mode(url) == "webhook"),
             ("Slack", c.slack.enabled and c.slack.mode == "events"),
             ("WhatsApp", c.whatsapp.enabled),
         )
         if on
     ]
     if url is None and "Telegram" in callers:  # updates come, once Telegram is told where
-        return [("server.public_url", "unset: `switchboard telegram set-webhook` needs it")]
+        why = (
+            "unset: Telegram delivers no webhook until `switchboard telegram set-webhook` "
+            'gives it this address (or set channels.telegram.mode = "polling")'
+        )
+        return [("server.public_url", why)]
     if url is None or not callers:
         return []
     parts = urlsplit(url)

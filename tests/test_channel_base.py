@@ -150,6 +150,26 @@ async def test_keyed_limiter_forgets_the_earliest_call_not_the_first_let_through
     assert await limiter.take("k") == pytest.approx(5.0)  # the slow one counts until 15
 
 
+async def test_keyed_limiter_never_forgets_a_call_still_going_out() -> None:
+    """A call let through but not yet sent was forgotten when the window filled: sent later,
+    it came within a period of two others (three at the platform)."""
+    now = [0.0]
+    limiter = KeyedLimiter(2, 5.0, clock=lambda: now[0])
+    slow = await limiter.acquire("k", until_done=True)
+    now[0] = 1.0
+    (await limiter.acquire("k", until_done=True)).done()
+    now[0] = 6.0
+    assert await limiter.take("k") is None  # the fast one's period is over; the slow one holds
+    now[0] = 6.5
+    slow.done()
+    now[0] = 6.6
+    assert await limiter.take("k") == pytest.approx(4.4)  # until 11: 5 s after the one at 6
+    blocked = KeyedLimiter(1, 5.0, clock=lambda: now[0])
+    await blocked.acquire("k", until_done=True)  # still going out: the window stays full
+    now[0] = 100.0
+    assert await blocked.take("k") == pytest.approx(5.0)
+
+
 async def test_send_buttons_reach_the_run_outcome() -> None:
     model = ScriptedModel()
     model.add(

@@ -232,3 +232,26 @@ async def test_a_turn_cut_off_before_its_commit_is_charged_once(
 async def _until_count(outlet: RecordingOutlet, count: int) -> None:
     while len(outlet.texts()) < count:
         await asyncio.sleep(0.05)
+
+
+async def test_a_reservation_whose_note_was_never_written_is_still_given_back(
+    make: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The note of the reservation failed to be written: the turn was tried again and
+    reserved again, and the first reservation, with no note to take, was never released."""
+    model = ScriptedModel()
+    model.add(text("answer"))
+    manager, outlet = await make(model, QuotaPolicy(credits_per_run=1.0, user_daily=10.0))
+    original, failures = store.kv_set, [1]
+
+    async def flaky(namespace: str, *args: Any, **kwargs: Any) -> Any:
+        if namespace == HOLDS_NS and failures[0]:
+            failures[0] -= 1
+            raise StoreError("connection lost")
+        return await original(namespace, *args, **kwargs)
+
+    monkeypatch.setattr(store, "kv_set", flaky)
+    await manager.submit(_msg("hello", "1"))
+    await asyncio.wait_for(_until_answered(outlet), 20)
+    await _settle(manager)
+    assert await store.usage(_today(), "user", "test:default:ana") == 1.0

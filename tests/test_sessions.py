@@ -745,6 +745,7 @@ async def test_an_operator_pausing_on_another_replica_silences_the_running_turn(
     assert here.outlet.texts() == []
     runs = [r for r in await console(here.store).runs(str(key()), 10) if r.status == "cancelled"]
     assert [r.limits_hit for r in runs] == [["paused"]]
+    assert (runs[0].steps, runs[0].detail["calls"][0]["step"]) == (1, 1)  # what it spent
     assert await there.manager.hand_back(key()) == 1
     await settle(there)
     assert there.outlet.texts() == ["echo: I want to cancel"]
@@ -775,7 +776,7 @@ async def test_a_store_error_reading_the_session_before_the_commit_ends_the_prev
     first = next(e[2] for e in rig.outlet.events if e[0] == "started")
     assert ("discarded", key(), first) in rig.outlet.events
     runs = await console(rig.store).runs(str(key()), 10)
-    assert [r.limits_hit for r in runs if r.id == first] == [["store_error"]]
+    assert [(r.limits_hit, r.steps) for r in runs if r.id == first] == [(["store_error"], 1)]
     assert rig.outlet.texts() == ["echo: hello"]
 
 

@@ -1070,12 +1070,12 @@ def test_telegram_takes_webhooks_when_it_has_a_secret_to_check_them_by(tmp_path:
     body = '[channels.telegram]\nenabled = true\ntoken = "1:x"\nwebhook_secret = "s"\n'
     s = load_settings(write(tmp_path, body), environ={})
     assert s.channels.telegram.effective_mode(s.server.public_url) == "webhook"
-    assert ("server.public_url", "unset: `switchboard telegram set-webhook` needs it") in (
-        settings_warnings(s)
-    )
+    (warning,) = [m for k, m in settings_warnings(s) if k == "server.public_url"]
+    assert "set-webhook" in warning
     polling = '[channels.telegram]\nenabled = true\ntoken = "1:x"\n'
     s = load_settings(write(tmp_path, polling), environ={})
     assert s.channels.telegram.effective_mode(s.server.public_url) == "polling"
+    assert [k for k, _ in settings_warnings(s) if k == "server.public_url"] == []
 
 
 def test_a_problem_in_a_list_set_by_a_variable_names_the_variable(tmp_path: Path) -> None:
@@ -1085,3 +1085,13 @@ def test_a_problem_in_a_list_set_by_a_variable_names_the_variable(tmp_path: Path
     assert ("bindings[0].agent", "no agent named 'nobody' (from SWITCHBOARD__BINDINGS)") in (
         problems
     )
+
+
+def test_an_https_public_url_without_trusted_forwarding_is_warned_of(tmp_path: Path) -> None:
+    """Behind a TLS proxy the gateway sees plain HTTP from the proxy: cookies lost Secure and
+    the embedded chat broke, with nothing said."""
+    url = '[server]\npublic_url = "https://chat.example"\n'
+    s = load_settings(write(tmp_path, url), environ={})
+    assert "server.trust_forwarded" in [k for k, _ in settings_warnings(s)]
+    s = load_settings(write(tmp_path, url + "trust_forwarded = true\n"), environ={})
+    assert "server.trust_forwarded" not in [k for k, _ in settings_warnings(s)]

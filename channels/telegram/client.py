@@ -97,11 +97,12 @@ class TelegramClient:
     async def write(self, chat_id: int, call: Callable[[], Awaitable[T]], *, new: bool) -> T:
         """A call that posts to a chat, after the limiters let it through (`new`: it creates a
         message, which the per-group budget counts)."""
-        stamps = [await self.per_chat.acquire(str(chat_id))]
-        if new and chat_id < 0:
-            stamps.append(await self.per_group.acquire(str(chat_id)))
-        stamps.append(await self.overall.acquire("all"))
+        stamps = []
         try:
+            stamps.append(await self.per_chat.acquire(str(chat_id), until_done=True))
+            if new and chat_id < 0:
+                stamps.append(await self.per_group.acquire(str(chat_id), until_done=True))
+            stamps.append(await self.overall.acquire("all", until_done=True))
             return await self.call(call)
         finally:
             for stamp in stamps:  # as Telegram counts: when it came

@@ -18,7 +18,7 @@ _SECRET = re.compile(r"^[A-Za-z0-9_-]{1,256}$")  # what setWebhook accepts as se
 class TelegramSettings(ChannelSection):
     token: SecretStr | None = secret()
     webhook_secret: SecretStr | None = None
-    mode: Literal["webhook", "polling"] | None = None  # default: webhook when public_url is set
+    mode: Literal["webhook", "polling"] | None = None  # default: `effective_mode`
     api_base: str = "https://api.telegram.org"
     # in groups: answer only when mentioned, replied to or addressed by /command; or everything
     group_mode: Literal["mention", "all"] = "mention"

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -144,7 +145,8 @@ class Sender:
         if not done:
             return part.reply
         # the messages' text as sent, without the zero-width spaces that kept markers inert
-        rest = [_text_of(p).replace(ZWSP, "") for p in self._plan(key, part).payloads[len(done) :]]
+        # (those in the reply's own text, Thai's say, stay)
+        rest = [_INERT.sub("", _text_of(p)) for p in self._plan(key, part).payloads[len(done) :]]
         return part.reply.model_copy(update={"text": "\n\n".join(t for t in rest if t)})
 
     async def _closed(self, key: SessionKey, part: OutboundPart, why: str) -> str:
@@ -215,6 +217,9 @@ class Sender:
             extra={"session": str(session), "channel": CHANNEL},
         )
         return ChannelError(str(exc), retryable=True, retry_after=delay, code=exc.code)
+
+
+_INERT = re.compile(f"{ZWSP}(?=[*_~`])|(?<=[*_~`]){ZWSP}")
 
 
 def _text_of(payload: dict[str, Any]) -> str:

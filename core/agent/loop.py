@@ -294,7 +294,7 @@ class AgentLoop:
         out.text = last_text or (APOLOGY_LIMIT if out.limits_hit else APOLOGY_EMPTY)
         if not last_text and ctx.buttons and not out.limits_hit:
             out.text = ""  # buttons alone: each channel words them its way (not an apology)
-        elif not last_text and not out.limits_hit:
+        elif not last_text and not out.limits_hit and not ctx.handoff:
             out.status = "empty"  # the apology went out: the operator sees the model said nothing
         if last_text and cut:  # shown as cut short, not as if that were the whole answer
             out.text = f"{last_text.rstrip()} {CUT_MARK}"

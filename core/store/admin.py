@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # runs whose messages got an apology instead of an answer: their messages can be retried
-FAILED_RUN_STATUSES = ("model_error", "timeout", "error")
+FAILED_RUN_STATUSES = ("model_error", "timeout", "error", "empty")
 _FAILED = "(" + ", ".join(f"'{s}'" for s in FAILED_RUN_STATUSES) + ")"  # for SQL: IN {_FAILED}
 
 

@@ -137,7 +137,8 @@ class RunRecord:
     id: str
     session: str
     started_at: float
-    status: str = "running"  # ok | limit | timeout | model_error | cancelled | error
+    status: str = "running"  # ok | limit | empty | timeout | model_error | cancelled | error
+    # | command (the gateway answered) | quota (refused by a quota)
     ended_at: float | None = None
     steps: int = 0
     tool_calls: int = 0
