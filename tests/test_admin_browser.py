@@ -343,3 +343,63 @@ def _keep(screens: Screens) -> None:
     target.mkdir(exist_ok=True)
     for png in screens.folder.glob("*.png"):
         shutil.copy(png, target / png.name)
+
+
+async def test_web_chat_opened_mid_answer_shows_it_from_the_start_and_spent_buttons_stay_spent(
+    tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
+) -> None:
+    """A tab opened (or reloaded) mid-answer showed only what streamed after it opened, a
+    fragment, and no sign of work before that; after a reload the buttons already pressed
+    were live again, and a press answered twice."""
+    words = " ".join(f"w{i}" for i in range(30))
+    yes_no = '{"buttons": [{"label": "Yes", "value": "y"}, {"label": "No", "value": "n"}]}'
+    fake_openai.script(
+        Text(words, chunk_delay_s=0.15), ToolCalls([("send_buttons", yes_no)]), Text("Book it?")
+    )
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}")
+    async with gateway(config(tmp_path, model_url=fake_openai.url, admin=False)) as gw:
+        context = await chromium.new_context()
+        page, errors = await _page(context)
+        await page.goto(gw.url + "/")
+        await page.locator("#status.on").wait_for()
+        await page.fill("#input", "tell me")
+        await page.press("#input", "Enter")
+        await page.locator(".row.assistant.pending").filter(has_text="w5").wait_for()
+        late, late_errors = await _page(context)  # a second tab, opened mid-answer
+        await late.goto(gw.url + "/")
+        preview = late.locator(".row.assistant.pending")
+        await preview.filter(has_text="w8").wait_for()
+        assert (await preview.inner_text()).startswith("w0 w1 w2")
+        await late.locator(".row.assistant:not(.pending)").filter(has_text="w29").wait_for()
+        await page.fill("#input", "book")
+        await page.press("#input", "Enter")
+        await page.locator(".chip").filter(has_text="Yes").click()
+        await page.locator(".row.assistant").filter(has_text="pressed the button").wait_for()
+        await page.reload()
+        await page.locator(".row.assistant").filter(has_text="pressed the button").wait_for()
+        assert await page.locator(".chip").count() == 2
+        assert await page.locator(".chip:disabled").count() == 2
+        assert errors + late_errors == []
+        await context.close()
+
+
+async def test_web_chat_started_over_mid_answer_shows_no_answer_to_the_old_conversation(
+    tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
+) -> None:
+    """ "New conversation" while an answer streamed: the old answer, and a /reset bubble, came
+    into the new conversation's page (and were gone after a reload)."""
+    words = " ".join(f"w{i}" for i in range(20))
+    fake_openai.script(Text(words, chunk_delay_s=0.1))
+    async with gateway(config(tmp_path, model_url=fake_openai.url, admin=False)) as gw:
+        page, errors = await _page(chromium)
+        await page.goto(gw.url + "/")
+        await page.locator("#status.on").wait_for()
+        await page.fill("#input", "tell me")
+        await page.press("#input", "Enter")
+        await page.locator(".row.assistant.pending").filter(has_text="w3").wait_for()
+        await page.click("#reset")
+        await page.locator(".row.assistant").filter(has_text="start").first.wait_for()
+        await page.wait_for_timeout(500)
+        texts = await page.locator(".row").all_inner_texts()
+        assert not [t for t in texts if "w19" in t or "w3" in t or "/reset" in t], texts
+        assert errors == []

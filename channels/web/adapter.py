@@ -92,6 +92,9 @@ class WebChat:
         self._tasks: set[asyncio.Task[None]] = set()
         # streamed text not yet on the pages: (run id, pieces) by conversation
         self._deltas: dict[str, tuple[str, list[str]]] = {}
+        # the run going on now, by conversation, with the text its pages were sent: a page
+        # opened (or reopened) mid-run is told, or it showed no sign of it, or a fragment
+        self._running: dict[str, tuple[str, list[str]]] = {}
 
     async def start(self) -> None:
         if isinstance(self._relay, KvWatchingStore):
@@ -136,6 +139,11 @@ class WebChat:
         """Frames of Server-Sent Events for one open page; None means the stream is over."""
         queue: asyncio.Queue[str | None] = asyncio.Queue(QUEUE_SIZE)
         self._subscribers[session_id].add(queue)
+        if (running := self._running.get(session_id)) is not None:
+            run_id, pieces = running
+            queue.put_nowait(_frame("typing", {"run_id": run_id}))
+            if pieces:  # the whole text so far, in place of what the page may have
+                queue.put_nowait(_frame("preview", {"run_id": run_id, "text": "".join(pieces)}))
         return queue
 
     def close(self) -> None:
@@ -155,7 +163,7 @@ class WebChat:
     def _publish(self, session_id: str, event: str, data: dict[str, Any]) -> None:
         if event != "delta":
             self._flush(session_id)  # the text streamed before it goes first
-        frame = f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        frame = _frame(event, data)
         for queue in list(self._subscribers.get(session_id, ())):
             try:
                 queue.put_nowait(frame)
@@ -233,6 +241,7 @@ class WebChat:
             )
 
     async def run_started(self, key: SessionKey, run_id: str, newest: InboundMessage) -> None:
+        self._running[key.conversation] = (run_id, [])
         self._publish(key.conversation, "typing", {"run_id": run_id})
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
@@ -250,11 +259,22 @@ class WebChat:
 
     def _flush(self, conversation: str) -> None:
         held = self._deltas.pop(conversation, None)
-        if held is not None:
-            self._publish(conversation, "delta", {"run_id": held[0], "text": "".join(held[1])})
+        if held is None:
+            return
+        text = "".join(held[1])
+        running = self._running.get(conversation)
+        if running is not None and running[0] == held[0]:
+            running[1].append(text)
+        self._publish(conversation, "delta", {"run_id": held[0], "text": text})
 
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
         self._publish(key.conversation, "discard" if discarded else "done", {"run_id": run_id})
+        if (running := self._running.get(key.conversation)) is not None and running[0] == run_id:
+            del self._running[key.conversation]
+
+
+def _frame(event: str, data: dict[str, Any]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 def _end(queue: asyncio.Queue[str | None]) -> None:
