@@ -674,6 +674,9 @@ def test_ctrl_c_at_the_chat_prompt_ends_it_at_once(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal starts it: a suite run as a background job (`make test &`) ignores
+        # SIGINT, and its children would inherit that and never hear the Ctrl+C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert proc.stderr is not None
