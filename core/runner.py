@@ -251,17 +251,13 @@ class SessionRunner:
         run.credits = self.mgr.quota.credits(self.profile.loop.limits)
         if self.mgr.quota.user_daily > 0 or self.mgr.quota.channel_daily > 0:
             await self._settle_holds()
-        quotas, over, refused = await self._reserve(batch, day, run.credits)
+        quotas, over, refused = await self._reserve(batch, day, run)
         if refused is not None:
             await self._refuse(run, refused)
             return
         live = self._live()
-        held = False  # the reservation's note is written (else it is released directly)
         try:  # until the turn starts: if this fails, the turn is tried again, and so is its
             # reservation, which must not stay
-            if quotas:
-                await self._hold(run, day, quotas)
-                held = True
             if over:  # in a group: answer the others, and tell those over their limit
                 self.batch_texts = [
                     described[i.id] for i in batch if i.message.sender.id not in over
@@ -274,10 +270,7 @@ class SessionRunner:
         except BaseException:
             if quotas:
                 with contextlib.suppress(StoreError):
-                    if held:
-                        await asyncio.shield(self._give_back(run, day, quotas))
-                    else:
-                        await asyncio.shield(self.mgr.store.release_usage(day, run.credits, quotas))
+                    await asyncio.shield(self._give_back(run, day, quotas))
             raise
         tools: list[dict[str, Any]] = []  # each tool call, for the run record
 
@@ -360,7 +353,7 @@ class SessionRunner:
             self.committing = False
         if quotas:
             with contextlib.suppress(StoreError):  # left over, it is found committed
-                await self.mgr.store.kv_delete(HOLDS_NS, f"{self.skey} {run.id}")
+                await self.mgr.store.kv_delete(HOLDS_NS, self._note(run))
         if outcome.handoff:
             log.warning(
                 "handoff to a human requested: %s",
@@ -395,39 +388,40 @@ class SessionRunner:
             await asyncio.shield(self.mgr.store.record_run(run))
         self._report(run)
 
-    async def _hold(self, run: RunRecord, day: str, quotas: list[Quota]) -> None:
-        """Note the turn's reservation until it ends: a replica killed mid-turn never gives it
-        back, and the turn that answers the same messages again reserves once more."""
-        hold = {"day": day, "credits": run.credits, "quotas": [list(astuple(q)) for q in quotas]}
-        await self.mgr.store.kv_set(HOLDS_NS, f"{self.skey} {run.id}", json.dumps(hold))
+    def _note(self, run: RunRecord) -> str:
+        """The key of the note a turn's reservation is written with (in the same transaction:
+        a replica killed mid-turn never gives it back, and without the note nobody would)."""
+        return f"{self.skey} {run.id}"
 
     async def _give_back(self, run: RunRecord, day: str, quotas: list[Quota]) -> None:
-        """The turn's reservation, released by whoever takes its note: this turn, or (it was
-        cut off) the session's next one, never both."""
-        if await self.mgr.store.kv_take(HOLDS_NS, f"{self.skey} {run.id}") is not None:
-            await self.mgr.store.release_usage(day, run.credits, quotas)
+        """The turn's reservation, released with its note taken (in one transaction) by this
+        turn, or (it was cut off) by the session's next one, never both."""
+        await self.mgr.store.release_usage(
+            day, run.credits, quotas, note=(HOLDS_NS, self._note(run))
+        )
 
     async def _settle_holds(self) -> None:
         """Reservations of this session's turns that ended without settling them (a replica
         killed or cut off from the store mid-turn): no turn of the session runs now, so each
         is either committed (charged: its note goes) or given back."""
         prefix = self.skey + " "
-        for key in await self.mgr.store.kv_items(HOLDS_NS):
+        for key, value in (await self.mgr.store.kv_items(HOLDS_NS)).items():
             if not key.startswith(prefix):
                 continue
-            value = await self.mgr.store.kv_take(HOLDS_NS, key)
             run_id = key[len(prefix) :]
-            if value is None or await self.mgr.store.run_messages(run_id):
-                continue  # taken by its own turn meanwhile; or committed, and charged
+            if await self.mgr.store.run_messages(run_id):  # committed, and charged
+                await self.mgr.store.kv_delete(HOLDS_NS, key)
+                continue
             hold = json.loads(value)
             quotas = [Quota(*q) for q in hold["quotas"]]
-            await self.mgr.store.release_usage(hold["day"], hold["credits"], quotas)
-            log.info(
-                "gave back %s credits reserved by run %s, which never ended",
-                hold["credits"],
-                run_id,
-                extra={"session": self.skey, "channel": self.key.channel},
-            )
+            note = (HOLDS_NS, key)
+            if await self.mgr.store.release_usage(hold["day"], hold["credits"], quotas, note=note):
+                log.info(
+                    "gave back %s credits reserved by run %s, which never ended",
+                    hold["credits"],
+                    run_id,
+                    extra={"session": self.skey, "channel": self.key.channel},
+                )
 
     def _report(self, run: RunRecord) -> None:
         t = self.mgr.telemetry
@@ -445,7 +439,7 @@ class SessionRunner:
                 t.model_call(call["seconds"])
 
     async def _reserve(
-        self, batch: list[InboxItem], day: str, credits: float
+        self, batch: list[InboxItem], day: str, run: RunRecord
     ) -> tuple[list[Quota], set[str], Quota | None]:
         """Each person whose message the turn answers is charged the run (in a group a turn
         can answer several): (the quotas reserved, the senders over their own limit, whose
@@ -461,7 +455,9 @@ class SessionRunner:
                     owner[(q.scope, q.key)] = sender
         over: set[str] = set()
         while wanted:
-            refused = await self.mgr.store.reserve_usage(day, credits, list(wanted.values()))
+            quotas = list(wanted.values())
+            note = (HOLDS_NS, self._note(run), _hold(day, run.credits, quotas))
+            refused = await self.mgr.store.reserve_usage(day, run.credits, quotas, note=note)
             if refused is None:
                 break
             who = owner.get((refused.scope, refused.key))
@@ -710,3 +706,9 @@ async def _quietly(coro: Awaitable[None], skey: str) -> None:
         await coro
     except Exception:
         log.warning("live update failed", exc_info=True, extra={"session": skey})
+
+
+def _hold(day: str, credits: float, quotas: list[Quota]) -> str:
+    return json.dumps(
+        {"day": day, "credits": credits, "quotas": [list(astuple(q)) for q in quotas]}
+    )

@@ -123,6 +123,9 @@ class SessionRecord:
     state: dict[str, Any]
 
 
+Note = tuple[str, str, str]  # (namespace, key, value) of a kv entry
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
     scope: str  # "user" | "channel"
@@ -345,12 +348,20 @@ class Store(Protocol):
         """Every key of a (small) namespace, e.g. the pending pairing codes."""
 
     # quotas: daily usage counters
-    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+    async def reserve_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: Note | None = None
+    ) -> Quota | None:
         """Add `amount` to every counter in one transaction if none would pass its limit;
-        otherwise change nothing and return the first quota that would be exceeded."""
+        otherwise change nothing and return the first quota that would be exceeded. `note`:
+        (namespace, key, value) set in the same transaction, so a reservation is never left
+        without the note that says whose it is (the process may die between two writes)."""
 
-    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
-        """Give back a reservation (the run failed before producing anything)."""
+    async def release_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: tuple[str, str] | None = None
+    ) -> bool:
+        """Give back a reservation (the run failed before producing anything). `note`:
+        (namespace, key) taken in the same transaction; without it there, nothing is given
+        back (someone took it and gave back already). True when given back."""
 
     async def usage(self, day: str, scope: str, key: str) -> float: ...
 

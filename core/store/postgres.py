@@ -27,6 +27,7 @@ from core.store.base import (
     InboxItem,
     InboxStatus,
     KvWatchers,
+    Note,
     PutResult,
     Quota,
     RunRecord,
@@ -43,6 +44,12 @@ from core.store.base import (
 from core.store.postgres_schema import MIGRATIONS
 
 __all__ = ["PostgresStore"]
+
+_KV_PUT = (
+    "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES ($1, $2, $3, $4)"
+    " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+    " updated_at = excluded.updated_at"
+)
 
 log = logging.getLogger(__name__)
 # NOTIFY channels span the whole database: a deployment in a schema of its own (?search_path=)
@@ -534,16 +541,7 @@ class PostgresStore:
         return {r[0]: r[1] for r in rows}
 
     async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
-        await self._kv_write(
-            namespace,
-            key,
-            announce,
-            "INSERT INTO channel_state (namespace, key, value, updated_at)"
-            " VALUES ($1, $2, $3, $4) ON CONFLICT (namespace, key)"
-            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
-            value,
-            time.time(),
-        )
+        await self._kv_write(namespace, key, announce, _KV_PUT, value, time.time())
 
     async def _kv_write(
         self, namespace: str, key: str, announce: bool, statement: str, *more: Any
@@ -566,7 +564,9 @@ class PostgresStore:
                 json.dumps([namespace, key]),
             )
 
-    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+    async def reserve_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: Note | None = None
+    ) -> Quota | None:
         try:
             async with self._conn(tx=True) as c:
                 for q in limits:
@@ -590,12 +590,25 @@ class PostgresStore:
                         q.scope,
                         q.key,
                     )
+                if note is not None:
+                    await c.execute(_KV_PUT, *note, time.time())
         except _Refused as refused:
             return refused.quota
         return None
 
-    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
+    async def release_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: tuple[str, str] | None = None
+    ) -> bool:
         async with self._conn(tx=True) as c:
+            if (
+                note is not None
+                and await c.fetchval(
+                    "DELETE FROM channel_state WHERE namespace = $1 AND key = $2 RETURNING key",
+                    *note,
+                )
+                is None
+            ):
+                return False
             for q in limits:
                 await c.execute(
                     "UPDATE usage SET used = greatest(used - $1, 0) WHERE day = $2 AND scope = $3"
@@ -605,6 +618,7 @@ class PostgresStore:
                     q.scope,
                     q.key,
                 )
+        return True
 
     async def usage(self, day: str, scope: str, key: str) -> float:
         async with self._conn() as c:

@@ -46,6 +46,7 @@ from core.store.base import (
     InboxItem,
     InboxStatus,
     KvWatchers,
+    Note,
     PutResult,
     Quota,
     RunRecord,
@@ -719,12 +720,7 @@ class SqliteStore:
 
     async def kv_set(self, namespace: str, key: str, value: str, *, announce: bool = False) -> None:
         def op(c: sqlite3.Connection) -> None:
-            c.execute(
-                "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
-                " updated_at = excluded.updated_at",
-                (namespace, key, value, time.time()),
-            )
+            _kv_put(c, namespace, key, value)
 
         await self._write(op)
         if announce:
@@ -738,7 +734,9 @@ class SqliteStore:
     def kv_watched(self) -> bool:
         return True
 
-    async def reserve_usage(self, day: str, amount: float, limits: list[Quota]) -> Quota | None:
+    async def reserve_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: Note | None = None
+    ) -> Quota | None:
         def op(c: sqlite3.Connection) -> Quota | None:
             for q in limits:
                 row = _fetchone(
@@ -754,21 +752,37 @@ class SqliteStore:
                     " ON CONFLICT (day, scope, key) DO UPDATE SET used = used + excluded.used",
                     (day, q.scope, q.key, amount),
                 )
+            if note is not None:
+                _kv_put(c, *note)
             return None
 
         refused: Quota | None = await self._write(op)
         return refused
 
-    async def release_usage(self, day: str, amount: float, limits: list[Quota]) -> None:
-        def op(c: sqlite3.Connection) -> None:
+    async def release_usage(
+        self, day: str, amount: float, limits: list[Quota], *, note: tuple[str, str] | None = None
+    ) -> bool:
+        def op(c: sqlite3.Connection) -> bool:
+            if (
+                note is not None
+                and _fetchone(
+                    c,
+                    "DELETE FROM channel_state WHERE namespace = ? AND key = ? RETURNING key",
+                    note,
+                )
+                is None
+            ):
+                return False
             for q in limits:
                 c.execute(
                     "UPDATE usage SET used = max(used - ?, 0) WHERE day = ? AND scope = ?"
                     " AND key = ?",
                     (amount, day, q.scope, q.key),
                 )
+            return True
 
-        await self._write(op)
+        released: bool = await self._write(op)
+        return released
 
     async def usage(self, day: str, scope: str, key: str) -> float:
         row = await self._lookup(
@@ -975,6 +989,15 @@ def _migrate(conn: sqlite3.Connection) -> None:
             f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_version (version) SELECT {version}"
             f" WHERE NOT EXISTS (SELECT 1 FROM schema_version WHERE version = {version});\nCOMMIT;"
         )
+
+
+def _kv_put(c: sqlite3.Connection, namespace: str, key: str, value: str) -> None:
+    c.execute(
+        "INSERT INTO channel_state (namespace, key, value, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (namespace, key) DO UPDATE SET value = excluded.value,"
+        " updated_at = excluded.updated_at",
+        (namespace, key, value, time.time()),
+    )
 
 
 def _channel_of(session: str) -> str:
