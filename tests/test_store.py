@@ -949,16 +949,6 @@ async def test_delivery_reports_only_move_forward(store: Store) -> None:
     assert await store.kv_get("ns", "k") is None
 
 
-async def test_a_key_is_taken_once(store: Store) -> None:
-    """Two takers of one key (a turn giving its reservation back, and the next turn settling
-    it): one gets the value, the other None, so it is released once."""
-    await store.kv_set("quota.holds", "s r1", "v")
-    taken = await asyncio.gather(*(store.kv_take("quota.holds", "s r1") for _ in range(5)))
-    assert sorted(taken, key=str) == [None, None, None, None, "v"]
-    assert await store.kv_get("quota.holds", "s r1") is None
-    assert await store.kv_take("quota.holds", "never") is None
-
-
 async def test_what_a_reply_quotes_is_found_by_its_platform_id(store: Store) -> None:
     (part,) = await store.enqueue_replies(S1, [Reply(text="Option B: the blue one")])
     await store.mark_sent(part.id, "wamid.OUT1")

@@ -340,10 +340,6 @@ class Store(Protocol):
 
     async def kv_delete(self, namespace: str, key: str, *, announce: bool = False) -> None: ...
 
-    async def kv_take(self, namespace: str, key: str) -> str | None:
-        """Delete a key and return its value, or None when it was not there: of two takers,
-        one gets it (a reservation given back once, say)."""
-
     async def kv_items(self, namespace: str) -> dict[str, str]:
         """Every key of a (small) namespace, e.g. the pending pairing codes."""
 

@@ -524,15 +524,6 @@ class PostgresStore:
             namespace, key, announce, "DELETE FROM channel_state WHERE namespace = $1 AND key = $2"
         )
 
-    async def kv_take(self, namespace: str, key: str) -> str | None:
-        async with self._conn() as c:
-            value = await c.fetchval(
-                "DELETE FROM channel_state WHERE namespace = $1 AND key = $2 RETURNING value",
-                namespace,
-                key,
-            )
-        return None if value is None else str(value)
-
     async def kv_items(self, namespace: str) -> dict[str, str]:
         async with self._conn() as c:
             rows = await c.fetch(

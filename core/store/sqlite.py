@@ -698,18 +698,6 @@ class SqliteStore:
         if announce:
             self._kv_watchers.changed(namespace, key)
 
-    async def kv_take(self, namespace: str, key: str) -> str | None:
-        def op(c: sqlite3.Connection) -> str | None:
-            row = _fetchone(
-                c,
-                "DELETE FROM channel_state WHERE namespace = ? AND key = ? RETURNING value",
-                (namespace, key),
-            )
-            return None if row is None else str(row[0])
-
-        taken: str | None = await self._write(op)
-        return taken
-
     async def kv_items(self, namespace: str) -> dict[str, str]:
         rows = await self._read(
             lambda c: _fetchall(
