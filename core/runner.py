@@ -1,6 +1,11 @@
 """One session's runner: holds the session's lease while it has work, turns pending messages
 into turns one at a time (queue modes, commands, quotas, confirmations), fences every model
-call, commits each turn atomically and delivers the stored replies in order."""
+call, commits each turn atomically and delivers the stored replies in order.
+
+Past STYLE's 600 lines on purpose: a turn is one sequence over the runner's own state (its
+lease, run, batch, live preview and quota reservation), and each exit from it (cancelled,
+paused elsewhere, store down, committed) must settle all of them; split across modules, those
+exits were harder to see together. The quota helpers are the first to move out when it grows."""
 
 from __future__ import annotations
 
