@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 __all__ = ["KeyedLimiter", "Stamp"]
 
@@ -80,6 +81,16 @@ class KeyedLimiter:
             stamp = Stamp(self._clock, sent=not until_done)
             window.add(stamp)
             return stamp
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: str) -> AsyncIterator[None]:
+        """Room for one call, counted from when it went out (the end of the block), as the
+        platform counts it: every channel sends through this."""
+        stamp = await self.acquire(key, until_done=True)
+        try:
+            yield
+        finally:
+            stamp.done()
 
     async def take(self, key: str) -> float | None:
         """Count one now if the key has room (None); else, without waiting, the seconds until

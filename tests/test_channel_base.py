@@ -240,3 +240,14 @@ async def test_buttons_alone_are_no_apology_and_the_next_turn_reads_them() -> No
     reply = Reply(text="", buttons=tuple(outcome.buttons))
     entry = HistoryEntry("assistant", "", "r", 0.0, reply_json=reply.model_dump_json())
     assert [m.content for m in history_messages([entry])] == ["[offered buttons: Yes | No]"]
+
+
+async def test_a_slot_counts_the_call_from_when_it_went_out() -> None:
+    """Only Telegram's sends counted from when they went out (each caller marked its stamps
+    done): WhatsApp and Slack counted from when they were let through. Every channel now
+    sends inside a slot, which marks it when the block ends."""
+    now = [0.0]
+    limiter = KeyedLimiter(1, 5.0, clock=lambda: now[0])
+    async with limiter.slot("k"):
+        now[0] = 3.0  # the call takes three seconds to go out
+    assert await limiter.take("k") == pytest.approx(5.0)

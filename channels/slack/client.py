@@ -72,13 +72,13 @@ class SlackApi:
         self, channel: str, text: str, blocks: list[dict[str, Any]], thread: str | None
     ) -> str:
         """chat.postMessage; returns the new message's ts."""
-        await self._post_limiter.acquire(channel)
-        data = await self._call(
-            "chat.postMessage",
-            self.client.chat_postMessage(
-                channel=channel, text=text, blocks=blocks or None, thread_ts=thread
-            ),
-        )
+        async with self._post_limiter.slot(channel):
+            data = await self._call(
+                "chat.postMessage",
+                self.client.chat_postMessage(
+                    channel=channel, text=text, blocks=blocks or None, thread_ts=thread
+                ),
+            )
         return str(data.get("ts", ""))
 
     async def update(self, channel: str, ts: str, text: str, blocks: list[dict[str, Any]]) -> None:

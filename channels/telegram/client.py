@@ -3,6 +3,7 @@ PTB's exceptions translated into ChannelError at this boundary."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -97,16 +98,12 @@ class TelegramClient:
     async def write(self, chat_id: int, call: Callable[[], Awaitable[T]], *, new: bool) -> T:
         """A call that posts to a chat, after the limiters let it through (`new`: it creates a
         message, which the per-group budget counts)."""
-        stamps = []
-        try:
-            stamps.append(await self.per_chat.acquire(str(chat_id), until_done=True))
+        async with contextlib.AsyncExitStack() as slots:
+            await slots.enter_async_context(self.per_chat.slot(str(chat_id)))
             if new and chat_id < 0:
-                stamps.append(await self.per_group.acquire(str(chat_id), until_done=True))
-            stamps.append(await self.overall.acquire("all", until_done=True))
+                await slots.enter_async_context(self.per_group.slot(str(chat_id)))
+            await slots.enter_async_context(self.overall.slot("all"))
             return await self.call(call)
-        finally:
-            for stamp in stamps:  # as Telegram counts: when it came
-                stamp.done()
 
     async def send_text(
         self,

@@ -64,8 +64,8 @@ class Sender:
 
     async def call(self, number: str, payload: dict[str, Any]) -> dict[str, Any]:
         """Any messages-endpoint call (e.g. mark as read), under the number's rate limit."""
-        await self._limiter.acquire(number)
-        return await self._graph.send(number, payload)
+        async with self._limiter.slot(number):
+            return await self._graph.send(number, payload)
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         number, user = key.account, key.conversation
@@ -120,8 +120,8 @@ class Sender:
         for n, payload in enumerate(plan.payloads):
             if n < len(done):
                 continue
-            await self._limiter.acquire(key.account)
-            done.append(await self._graph.message_id(key.account, payload))
+            async with self._limiter.slot(key.account):
+                done.append(await self._graph.message_id(key.account, payload))
             if several and n < len(plan.payloads) - 1:
                 await self._ctx.store.kv_set(NS_PROGRESS, str(part.id), json.dumps(done))
         if several:  # all sent: nothing to resume (a failure here must not send it again)
@@ -179,9 +179,9 @@ class Sender:
             params=s.template_params,
             fallback=s.buttons_prompt,
         )
-        await self._limiter.acquire(key.account)
-        to = recipient(key.conversation)
-        wamid = await self._graph.message_id(key.account, {**to, **payload})
+        async with self._limiter.slot(key.account):
+            to = recipient(key.conversation)
+            wamid = await self._graph.message_id(key.account, {**to, **payload})
         with contextlib.suppress(StoreError):
             await self._ctx.store.kv_delete(NS_PROGRESS, str(part.id))
         return wamid
