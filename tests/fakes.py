@@ -149,3 +149,20 @@ def failing_puts(monkeypatch: Any, store: Any, times: int, reason: str = "disk i
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(store, "put_inbound", put_inbound)
+
+
+def fail_first(
+    monkeypatch: Any, target: object, method: str, times: int, error: Exception
+) -> list[int]:
+    """`target.method` raises `error` on its next `times` calls, then works; the returned
+    one-item list is how many failures are left (set it to arm more)."""
+    original, left = getattr(target, method), [times]
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        if left[0]:
+            left[0] -= 1
+            raise error
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, flaky)
+    return left

@@ -345,6 +345,15 @@ def _keep(screens: Screens) -> None:
         shutil.copy(png, target / png.name)
 
 
+async def _ask_while_it_streams(page: Any, url: str, text: str, *, until: str) -> None:
+    """Open the chat, send `text`, and wait until its answer has streamed as far as `until`."""
+    await page.goto(url + "/")
+    await page.locator("#status.on").wait_for()
+    await page.fill("#input", text)
+    await page.press("#input", "Enter")
+    await page.locator(".row.assistant.pending").filter(has_text=until).wait_for()
+
+
 async def test_web_chat_opened_mid_answer_shows_it_from_the_start_and_spent_buttons_stay_spent(
     tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
 ) -> None:
@@ -360,11 +369,7 @@ async def test_web_chat_opened_mid_answer_shows_it_from_the_start_and_spent_butt
     async with gateway(config(tmp_path, model_url=fake_openai.url, admin=False)) as gw:
         context = await chromium.new_context()
         page, errors = await _page(context)
-        await page.goto(gw.url + "/")
-        await page.locator("#status.on").wait_for()
-        await page.fill("#input", "tell me")
-        await page.press("#input", "Enter")
-        await page.locator(".row.assistant.pending").filter(has_text="w5").wait_for()
+        await _ask_while_it_streams(page, gw.url, "tell me", until="w5")
         late, late_errors = await _page(context)  # a second tab, opened mid-answer
         await late.goto(gw.url + "/")
         preview = late.locator(".row.assistant.pending")
@@ -392,11 +397,7 @@ async def test_web_chat_started_over_mid_answer_shows_no_answer_to_the_old_conve
     fake_openai.script(Text(words, chunk_delay_s=0.1))
     async with gateway(config(tmp_path, model_url=fake_openai.url, admin=False)) as gw:
         page, errors = await _page(chromium)
-        await page.goto(gw.url + "/")
-        await page.locator("#status.on").wait_for()
-        await page.fill("#input", "tell me")
-        await page.press("#input", "Enter")
-        await page.locator(".row.assistant.pending").filter(has_text="w3").wait_for()
+        await _ask_while_it_streams(page, gw.url, "tell me", until="w3")
         await page.click("#reset")
         await page.locator(".row.assistant").filter(has_text="start").first.wait_for()
         await page.wait_for_timeout(500)

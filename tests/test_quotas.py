@@ -19,7 +19,7 @@ from core.runner import HOLDS_NS
 from core.sessions import AgentProfile, DeliveryPolicy, QuotaPolicy, SessionManager
 from core.store import Quota, Store
 from core.store.admin import console
-from tests.fakes import RecordingOutlet, ScriptedModel, text
+from tests.fakes import RecordingOutlet, ScriptedModel, fail_first, text
 
 DAY = "2026-11-29"
 
@@ -165,15 +165,7 @@ async def test_a_turn_the_store_makes_retry_is_charged_once(
     model = ScriptedModel()
     model.add(text("answer"))
     manager, outlet = await make(model, QuotaPolicy(credits_per_run=1.0, user_daily=10.0))
-    original, failures = store.history, [2]
-
-    async def flaky(*args: Any, **kwargs: Any) -> Any:
-        if failures[0]:
-            failures[0] -= 1
-            raise StoreError("statement timeout")
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(store, "history", flaky)
+    fail_first(monkeypatch, store, "history", 2, StoreError("statement timeout"))
     await manager.submit(_msg("hello", "1"))
     await asyncio.wait_for(_until_answered(outlet), 20)
     assert await store.usage(_today(), "user", "test:default:ana") == 1.0
@@ -213,15 +205,7 @@ async def test_a_turn_cut_off_before_its_commit_is_charged_once(
     await _settle(manager)
     assert await store.usage(day, "user", "test:default:ana") == 2.0
     # a commit the store refused: the turn is tried again, and charged once
-    original, failures = store.complete_turn, [1]
-
-    async def refused(*args: Any, **kwargs: Any) -> Any:
-        if failures[0]:
-            failures[0] -= 1
-            raise StoreError("connection lost")
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(store, "complete_turn", refused)
+    fail_first(monkeypatch, store, "complete_turn", 1, StoreError("connection lost"))
     await manager.submit(_msg("third time", "3"))
     await asyncio.wait_for(_until_count(outlet, 3), 20)
     await _settle(manager)

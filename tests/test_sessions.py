@@ -40,7 +40,7 @@ from core.sessions import (
 )
 from core.store import InboxStatus, SqliteStore, Store
 from core.store.admin import console
-from tests.fakes import RecordingOutlet
+from tests.fakes import RecordingOutlet, fail_first
 
 _USER = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
 
@@ -757,19 +757,11 @@ async def test_a_store_error_reading_the_session_before_the_commit_ends_the_prev
     """The read that checks for an operator's pause failed: the turn was tried again, but its
     live preview stayed on screen and its model call went unrecorded."""
     rig: Rig = await make_rig(delay_s=0.3)
-    original, fail = rig.store.get_session, [False]
-
-    async def flaky(*args: Any, **kwargs: Any) -> Any:
-        if fail[0]:
-            fail[0] = False
-            raise StoreError("connection lost")
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(rig.store, "get_session", flaky)
+    left = fail_first(monkeypatch, rig.store, "get_session", 0, StoreError("connection lost"))
     await rig.manager.submit(msg("hello"))
     while not rig.model.requests:
         await asyncio.sleep(0.01)
-    fail[0] = True  # the next read is the check, once the model has answered
+    left[0] = 1  # the next read is the check, once the model has answered
     await settle(rig)
     await asyncio.sleep(0.5)
     await settle(rig)

@@ -95,14 +95,21 @@ async def test_preview_edits_stay_within_the_workspace_budget_and_the_final_stil
     assert slack.problems == []
 
 
+async def _stream_an_answer(
+    tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI, answer: str, *, ask: str
+) -> None:
+    """A mention answered with `answer` in stream mode, until the final reply replaced it."""
+    fake_openai.responder = lambda body: Text(answer, chunk_delay_s=0.08)
+    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "stream"\n')
+    async with run_gateway(config) as gw:
+        await gw.post(mention(ask))
+        await slack.wait_for(lambda: slack.called("chat.update"), timeout=10)
+
+
 async def test_stream_mode_streams_in_the_thread_and_the_final_reply_replaces_it(
     tmp_path: Path, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:
-    fake_openai.responder = lambda body: Text(WORDS, chunk_delay_s=0.08)
-    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "stream"\n')
-    async with run_gateway(config) as gw:
-        await gw.post(mention("stream please"))
-        await slack.wait_for(lambda: slack.called("chat.update"), timeout=10)
+    await _stream_an_answer(tmp_path, slack, fake_openai, WORDS, ask="stream please")
     (start,) = slack.called("chat.startStream")
     assert (start["thread_ts"], start["recipient_team_id"]) == (THREAD, TEAM)
     assert start["recipient_user_id"] == "U0USER0001"
@@ -122,11 +129,9 @@ async def test_streamed_text_mentions_no_one(
     """A person types <!here> (Slack delivers &lt;!here&gt;) and the agent repeats it: the
     final reply escaped it, but the stream showed it as it was, to the whole channel."""
     said = f"You said: <!here> <!channel> and <@U0OTHER01> {WORDS}"
-    fake_openai.responder = lambda body: Text(said, chunk_delay_s=0.08)
-    config = gateway_config(tmp_path, slack, fake_openai.url, 'streaming = "stream"\n')
-    async with run_gateway(config) as gw:
-        await gw.post(mention("repeat: &lt;!here&gt; &lt;!channel&gt;"))
-        await slack.wait_for(lambda: slack.called("chat.update"), timeout=10)
+    await _stream_an_answer(
+        tmp_path, slack, fake_openai, said, ask="repeat: &lt;!here&gt; &lt;!channel&gt;"
+    )
     (start,) = slack.called("chat.startStream")
     streamed = start["markdown_text"] + "".join(
         c["markdown_text"] for c in slack.called("chat.appendStream")
