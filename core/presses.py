@@ -22,7 +22,7 @@ from collections.abc import Callable
 from core.models import InboundMessage, MessageKind
 from core.store.base import InboxItem
 
-__all__ = ["REPEAT_WINDOW_S", "Presses", "Taken"]
+__all__ = ["REPEAT_WINDOW_S", "Presses", "Taken", "mark"]
 
 REPEAT_WINDOW_S = 5.0
 MAX_TRACKED = 10_000  # presses inside one window, at most (oldest forgotten first)
@@ -44,9 +44,6 @@ class Presses:
     ) -> None:
         self._window_s, self._clock = window_s, clock
         self._seen: OrderedDict[Mark, tuple[float, int]] = OrderedDict()
-
-    def mark(self, session: str, msg: InboundMessage) -> Mark | None:
-        return mark(session, msg)
 
     def claim(self, mark: Mark) -> int | None:
         """None for a new press, now claimed (mark it `stored` once it is, or `release` it);

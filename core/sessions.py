@@ -30,7 +30,7 @@ from core.policies import (
     QuotaPolicy,
     SessionPolicy,
 )
-from core.presses import Presses, Taken
+from core.presses import Presses, Taken, mark
 from core.routing import Router
 from core.runner import SessionRunner
 from core.store.base import InboxStatus, PutResult, Store
@@ -199,8 +199,8 @@ class SessionManager:
         verdict = await self.access.check(msg)
         if not verdict.store:
             result = PutResult(0, InboxStatus.REFUSED)
-        elif (mark := self.presses.mark(str(key), msg)) and (
-            first := self.presses.claim(mark)
+        elif (pressed := mark(str(key), msg)) and (
+            first := self.presses.claim(pressed)
         ) is not None:
             extra = {"session": str(key), "channel": msg.channel}
             log.info("button %r pressed again at once: one press", msg.button_value, extra=extra)
@@ -213,11 +213,11 @@ class SessionManager:
                     str(key), msg, max_pending, unpaired=verdict.unpaired
                 )
             except BaseException:
-                if mark:
-                    self.presses.release(mark)
+                if pressed:
+                    self.presses.release(pressed)
                 raise
-            if mark:
-                self.presses.stored(mark, result.id)
+            if pressed:
+                self.presses.stored(pressed, result.id)
         self.telemetry.inbound(msg.channel, str(result.status))
         if verdict.notice and result.status is not InboxStatus.DUPLICATE:
             await self.notify(key, verdict.notice)
