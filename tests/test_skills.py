@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import re
 import textwrap
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from core.agent import seccomp
 from core.agent.skill_tools import LoadSkill, RunSkillScript
 from core.agent.tools import ToolContext, ToolRegistry, ToolResult
 from core.errors import ConfigError
@@ -428,7 +430,8 @@ async def test_network_is_allowed_when_declared(
 async def test_raw_socket_bypass_meets_an_empty_network_namespace(
     tmp_path: Path, workspace: Path, tcp_server: tuple[int, list[bytes]]
 ) -> None:
-    """Code that skips the socket module (here _socket) is stopped by the namespace layer."""
+    """Code that skips the socket module (here _socket) is stopped by the namespace layer
+    (seccomp, the layer before it, is switched off here)."""
     port, seen = tcp_server
     make_skill(
         tmp_path,
@@ -442,11 +445,100 @@ async def test_raw_socket_bypass_meets_an_empty_network_namespace(
         """,
     )
     tool = tool_for(tmp_path, workspace)
-    if await tool.isolation() != "netns":
+    tool._seccomp = False
+    if "netns" not in await tool.isolation():
         pytest.skip("unshare cannot create a network namespace on this machine")
     result = await run(tool, "sneaky", port=port)
     assert re.search(r"OSError|unreachable", detail(result))
     assert seen == []
+
+
+def without_netns(tool: RunSkillScript) -> RunSkillScript:
+    """As in a container, where unshare is refused: seccomp is the layer that holds."""
+    tool._sandbox = ()
+    return tool
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no filter here")
+@pytest.mark.parametrize(
+    "script",
+    [
+        """
+        import _socket, json, sys
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        s.connect(("127.0.0.1", json.load(sys.stdin)["port"]))
+        print(json.dumps("connected"))
+        """,
+        """
+        import json, subprocess, sys
+        port = json.load(sys.stdin)["port"]
+        client = f"import socket; socket.create_connection(('127.0.0.1', {port})).sendall(b'hi')"
+        done = subprocess.run([sys.executable, "-c", client], capture_output=True, text=True)
+        print(json.dumps(done.stderr)) if done.returncode == 0 else sys.exit(done.stderr)
+        """,
+    ],
+    ids=["_socket", "a child process"],
+)
+async def test_socket_bypasses_are_refused_without_a_network_namespace(
+    tmp_path: Path, workspace: Path, tcp_server: tuple[int, list[bytes]], script: str
+) -> None:
+    port, seen = tcp_server
+    make_skill(tmp_path, "sneaky", script)
+    tool = without_netns(tool_for(tmp_path, workspace))
+    assert await tool.isolation() == {"bootstrap", "seccomp"}
+    result = await run(tool, "sneaky", port=port)
+    assert "Operation not permitted" in detail(result)
+    await asyncio.sleep(0.05)
+    assert seen == []
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no filter here")
+@pytest.mark.parametrize("network", [False, True])
+async def test_a_child_cannot_leave_the_process_group_to_outlive_the_call(
+    tmp_path: Path, workspace: Path, network: bool
+) -> None:
+    """A double fork with setsid, the daemon's way out of a killpg."""
+    make_skill(
+        tmp_path,
+        "daemon",
+        """
+        import json, os, time
+        if os.fork() == 0:
+            try:
+                os.setsid()
+            except OSError as exc:
+                open("setsid", "w").write(exc.strerror)
+            if os.fork() == 0:
+                while True:
+                    open("beat", "w").write(str(time.time()))
+                    time.sleep(0.05)
+            os._exit(0)
+        while not os.path.exists("beat"):
+            time.sleep(0.01)
+        print(json.dumps({"ok": True}))
+        """,
+        network=network,
+    )
+    tool = without_netns(tool_for(tmp_path, workspace))
+    result = await run(tool, "daemon")
+    assert json.loads(result.content) == {"ok": True}
+    folder = session_workdir(workspace, CTX.session)
+    assert (folder / "setsid").read_text() == "Operation not permitted"
+    await asyncio.sleep(0.3)
+    last = (folder / "beat").read_text()
+    await asyncio.sleep(0.3)
+    assert (folder / "beat").read_text() == last  # nobody writes it any more
+
+
+def test_the_filter_exists_only_for_known_machines() -> None:
+    assert seccomp.program(network=False, machine="riscv64") is None
+    for machine in ("x86_64", "aarch64"):
+        closed = seccomp.program(network=False, machine=machine)
+        opened = seccomp.program(network=True, machine=machine)
+        assert closed is not None
+        assert opened is not None
+        assert len(closed) % 8 == 0
+        assert len(closed) > len(opened)  # the socket check
 
 
 @pytest.mark.parametrize(
@@ -607,5 +699,5 @@ async def test_script_runs_in_its_own_process_group(tmp_path: Path, workspace: P
 
 @pytest.mark.skipif(not ROOT_WITH_UNSHARE, reason="needs root and /usr/bin/unshare")
 async def test_root_with_unshare_gets_a_network_namespace(tmp_path: Path) -> None:
-    """Where CI runs (root, util-linux), the namespace layer must be found, not silently lost."""
-    assert await RunSkillScript([], tmp_path).isolation() == "netns"
+    """Where CI runs (root, util-linux, x86_64), every layer must be found, not silently lost."""
+    assert await RunSkillScript([], tmp_path).isolation() == {"bootstrap", "seccomp", "netns"}

@@ -7,7 +7,9 @@ session's own working folder (`files/` in the run's workspace, or a folder per s
 when the call ends (a child it left running too), an address-space cap, a cap on what it prints,
 and, unless the skill declares `network: true`, no network: a bootstrap replaces the socket entry
 points before the script runs, and where the system allows it the process also gets an empty
-network namespace (`unshare`).
+network namespace (`unshare`). Where the kernel takes one (x86_64, aarch64; containers too), a
+seccomp filter (core.agent.seccomp), inherited by everything the script starts, refuses sockets
+other than AF_UNIX to scripts without network and leaving the process group to every script.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from core.agent import seccomp
 from core.agent.tools import ToolContext
 from core.errors import ToolError
 from core.skills import Skill, session_workdir
@@ -41,11 +44,32 @@ REAP_S = 1.0  # at the end, to read the pipes to their end and collect the scrip
 UNSHARE_PATHS = ("/usr/bin/unshare", "/bin/unshare")  # fixed paths: never whatever PATH says
 UNSHARE_FLAGS = (("--net",), ("--map-root-user", "--net"))  # as root; else in a user namespace
 
-# Runs before the script: caps memory, closes the network unless allowed, then runs the script as
-# __main__ with its folder importable. argv: memory bytes, "1" if network is allowed, script path.
-BOOTSTRAP = """\
-import resource, runpy, socket, sys
-cap, net, script = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
+# Installs a seccomp filter given as hex (argv[1], "" for none); exits 3 if the kernel refuses it.
+SECCOMP = """\
+import sys
+if sys.argv[1]:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = ctypes.create_string_buffer(bytes.fromhex(sys.argv[1]))
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    program = Program(len(sys.argv[1]) // 16, ctypes.addressof(code))
+    zero = ctypes.c_ulong(0)
+    if libc.prctl(38, ctypes.c_ulong(1), zero, zero, zero) or libc.prctl(
+        22, ctypes.c_ulong(2), ctypes.byref(program), zero, zero
+    ):
+        print("seccomp refused: errno", ctypes.get_errno(), file=sys.stderr)
+        sys.exit(3)
+"""
+
+# Runs before the script: the seccomp filter, caps memory, closes the network unless allowed,
+# then runs the script as __main__ with its folder importable. argv: the filter (hex, or ""),
+# memory bytes, "1" if network is allowed, script path.
+BOOTSTRAP = (
+    SECCOMP
+    + """\
+import resource, runpy, socket
+cap, net, script = int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 hard = resource.getrlimit(resource.RLIMIT_AS)[1]
 if hard != resource.RLIM_INFINITY:
     cap = min(cap, hard)
@@ -61,6 +85,7 @@ sys.argv = [script]
 sys.path.insert(0, script.rsplit("/", 1)[0])
 runpy.run_path(script, run_name="__main__")
 """
+)
 
 
 class LoadSkillArgs(BaseModel):
@@ -129,12 +154,19 @@ class RunSkillScript:
         self._python = python
         self._unshare = next((p for p in UNSHARE_PATHS if Path(p).is_file()), None)
         self._sandbox: tuple[str, ...] | None = None  # the unshare prefix, once detected
+        self._seccomp: bool | None = None  # whether the kernel takes the filter, once tried
         self._detect = asyncio.Lock()
 
-    async def isolation(self) -> str:
-        """'netns' when scripts without network also get an empty network namespace, else
-        'bootstrap' (the socket replacements alone)."""
-        return "netns" if await self._net_sandbox() else "bootstrap"
+    async def isolation(self) -> set[str]:
+        """The layers keeping scripts without network off it: 'bootstrap' (the socket
+        replacements) always, 'seccomp' where the kernel takes the filter, 'netns' where an
+        empty network namespace can be made."""
+        layers = {"bootstrap"}
+        if await self._filter(network=False):
+            layers.add("seccomp")
+        if await self._net_sandbox():
+            layers.add("netns")
+        return layers
 
     async def __call__(self, args: RunSkillArgs, ctx: ToolContext) -> Any:
         skill = _find(self._skills, args.skill)
@@ -142,12 +174,13 @@ class RunSkillScript:
         payload = _encode_args(args.args)
         workdir = self._workdir(ctx)
         prefix = () if skill.network else await self._net_sandbox()
+        seccomp = await self._filter(network=skill.network)
         ref = f"{skill.name}/{args.script}"
         proc = await asyncio.create_subprocess_exec(
             *prefix,
             self._python,
             *("-I", "-B", "-X", "utf8", "-c", BOOTSTRAP),
-            *(str(self._memory), "1" if skill.network else "0", str(script)),
+            *(seccomp, str(self._memory), "1" if skill.network else "0", str(script)),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -238,6 +271,22 @@ class RunSkillScript:
                 )
             return self._sandbox
 
+    async def _filter(self, *, network: bool) -> str:
+        """The seccomp filter for a script, as hex, or "" where the kernel refuses it (tried
+        once; the scripts then run without it, and the log says so)."""
+        code = seccomp.program(network=network)
+        async with self._detect:
+            if self._seccomp is None:
+                self._seccomp = code is not None and await _takes_filter(self._python, code)
+                if not self._seccomp:
+                    log.warning(
+                        "seccomp is not available here: a skill script's child that leaves its"
+                        " process group can outlive the call, and scripts without network are"
+                        " kept off it by a network namespace (where one can be made) and"
+                        " Python's socket replacements only"
+                    )
+        return code.hex() if self._seccomp and code is not None else ""
+
 
 async def _exited(proc: asyncio.subprocess.Process, io: list[asyncio.Task[None]]) -> None:
     """Return once the script itself has exited. `proc.wait()` also waits for the pipes to
@@ -281,6 +330,18 @@ async def _probe_unshare(unshare: str | None, python: str) -> tuple[str, ...]:
         if await proc.wait() == 0:
             return cmd
     return ()
+
+
+async def _takes_filter(python: str, code: bytes) -> bool:
+    """Whether a Python started like a script takes the seccomp filter."""
+    proc = await asyncio.create_subprocess_exec(
+        python,
+        *("-I", "-c", SECCOMP, code.hex()),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    return await proc.wait() == 0
 
 
 def _find(skills: dict[str, Skill], name: str) -> Skill:
