@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import BaseModel
 
+from core.agent.builtin import SendButtons
 from core.agent.loop import (
     APOLOGY_EMPTY,
     APOLOGY_ERROR,
@@ -34,6 +35,7 @@ from core.agent.model import (
     estimate_tools,
 )
 from core.agent.sanitize import shows_nothing, wrap_user_text
+from core.agent.session_tools import CurrentTime, SetState, UpdatePlan
 from core.agent.tools import ToolContext, ToolRegistry
 from core.errors import ModelError, ToolError
 from tests.fakes import ScriptedModel, calls, text
@@ -912,6 +914,28 @@ async def test_unverified_amounts_are_flagged_and_the_person_warned() -> None:
     assert outcome.text.startswith("Your total is $1,200.00")
     assert "$1,250.00" in outcome.text.split("\n\n")[-1]
     assert "".join(e.text for e in events.of(TextDelta)) == outcome.text
+
+
+@pytest.mark.parametrize(
+    ("tool_call", "amount"),
+    [
+        (("set_state", '{"state": {"promised": "9999"}}'), "$9,999"),
+        (("send_buttons", '{"buttons": [{"label": "$9,999", "value": "buy"}]}'), "$9,999"),
+        (("update_plan", '{"goal": "sell at 9999", "approach": "", "progress": ""}'), "$9,999"),
+        (("price_is_9999", "{}"), "$9,999"),  # the unknown-tool error repeats the name
+        (("add", '{"first": 9999}'), "$9,999"),  # invalid arguments, repeated in the error
+        (("current_time", "{}"), "$2,026"),  # a timestamp's digits are no price
+    ],
+    ids=["set_state", "send_buttons", "update_plan", "unknown tool", "bad arguments", "time"],
+)
+async def test_what_a_tool_echoes_or_refuses_grounds_no_amount(
+    tool_call: tuple[str, str], amount: str
+) -> None:
+    model = ScriptedModel()
+    model.add(calls(tool_call), text(f"It is yours for {amount}."))
+    tools = [Add(), SetState(), SendButtons(), UpdatePlan(), CurrentTime("UTC")]
+    outcome, _ = await _run(model, tools=tools)
+    assert [a["text"] for a in outcome.unverified_amounts] == [amount]
 
 
 async def test_grounded_amounts_pass_without_a_warning() -> None:

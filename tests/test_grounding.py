@@ -103,9 +103,81 @@ def test_several_amounts_in_order() -> None:
         "EUR 40",
         "$10",
         "$20",
-        "8 USD",
+        "5-8 USD",  # a range: both ends, each shown as the whole range
+        "5-8 USD",
         "1.400.000 COP",
     ]
+
+
+@pytest.mark.parametrize(
+    ("text", "values", "shown"),
+    [
+        ("$60-600", ["60", "600"], "$60-600"),
+        ("$1,000–2,000", ["1000", "2000"], "$1,000–2,000"),
+        ("USD 1,000 – 9,999 a month", ["1000", "9999"], "USD 1,000 – 9,999"),
+        ("from $60 to 600, depending", ["60", "600"], "$60 to 600"),
+        ("Between USD 60 and 600.", ["60", "600"], "USD 60 and 600"),
+        ("entre 1.000 y 9.999 euros", ["1000", "9999"], "1.000 y 9.999 euros"),
+        ("de 5 a 8 millones de pesos", ["5000000", "8000000"], "5 a 8 millones de pesos"),
+        ("5 - 8 USD", ["5", "8"], "5 - 8 USD"),
+        ("1 000-2 000 €", ["1000", "2000"], "1 000-2 000 €"),
+        ("$5-8 million", ["5000000", "8000000"], "$5-8 million"),
+    ],
+)
+def test_a_range_is_two_amounts_shown_whole(text: str, values: list[str], shown: str) -> None:
+    amounts = extract_amounts(text)
+    assert [a.value for a in amounts] == [Decimal(v) for v in values]
+    assert {a.text for a in amounts} == {shown}
+    assert len({a.currency for a in amounts}) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("$30 and 2 extra hours", ["30"]),  # "and" makes a range only after "between"
+        ("USD 30 y 2 horas", ["30"]),
+        ("$60 to 3pm", ["60"]),
+        ("on 2024-05-12 EUR 40", ["40"]),
+        ("12 EUR 40", ["40"]),
+        ("$10-$20", ["10", "20"]),
+        ("$60 to 600 dollars", ["60", "600"]),  # two amounts already; no double count
+    ],
+)
+def test_no_range_where_there_is_none(text: str, values: list[str]) -> None:
+    assert [a.value for a in extract_amounts(text)] == [Decimal(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1 400 €", "1400"),
+        ("1\u00a0400,50\u00a0€", "1400.50"),
+        ("1\u202f400 000 €", "1400000"),
+        ("CHF 1'400.50", "1400.50"),
+        ("CHF 1’400", "1400"),
+        ("₹1,00,000", "100000"),
+        ("₹2,50,000", "250000"),
+        ("₹12,34,56,789", "123456789"),
+        ("€ 1 400", "1400"),
+    ],
+)
+def test_grouped_thousands_of_other_countries(text: str, value: str) -> None:
+    [amount] = extract_amounts(text)
+    assert amount.value == Decimal(value)
+    assert amount.text == text
+
+
+def test_a_range_is_flagged_when_either_end_is_unknown() -> None:
+    assert check("From $60 to 600.", ['{"min": 60, "max": 600}']).ok
+    report = check("From $60 to 600.", ['{"min": 60}'])
+    assert [a.value for a in report.unmatched] == [Decimal(600)]
+    assert warning_text(report) == "Please confirm this amount before relying on it: $60 to 600."
+
+
+def test_a_tool_number_grouped_by_spaces_grounds_it() -> None:
+    assert check("Le prix est de 1 400 €.", ['{"prix": "1 400 EUR"}']).ok
+    assert not check("Le prix est de 1 400 €.", ['{"prix": 400}']).ok
+    assert check("It is 400 €, for 3 people.", ['{"note": "3 400"}']).ok  # each part too
 
 
 @pytest.mark.parametrize(

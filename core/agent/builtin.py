@@ -52,6 +52,7 @@ class SendButtons:
     )
     args_model: ClassVar[type[BaseModel]] = SendButtonsArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     async def __call__(self, args: SendButtonsArgs, ctx: ToolContext) -> dict[str, Any]:

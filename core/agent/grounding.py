@@ -13,7 +13,12 @@ How a number is read (the same rules on both sides, deterministic):
   (`1,250` and `1.250` are 1250; `0.250` is 0.25);
 - otherwise the mark is decimal (`12,50`, `9.99`, `1,4`);
 - thousands groups must be well formed (1-3 leading digits, then groups of 3), so versions and
-  dates such as `1.2.3` or `12.05.2024` are not numbers.
+  dates such as `1.2.3` or `12.05.2024` are not numbers; Indian grouping (`1,00,000`) is read
+  too;
+- a space (also a no-break or thin one) or an apostrophe between groups of three only ever
+  groups thousands (`1 400,50 €`, `CHF 1'400.50`).
+A range shares its currency: `$60-600`, `USD 1,000 to 2,000`, `entre 1.000 y 9.999 euros`
+and `between $60 and 600` are two amounts each, both shown as the whole range.
 A scale may follow: `k`, `m`/`M`/`MM`/`mn`, `bn`/`B`, `thousand`, `mil` (1,000), `million`,
 `millón`/`millones`, `mil millones`/`millardo`/`billion` (10^9), `billón`/`billones` (10^12).
 Numbers glued to `:`, `/`, `%` or letters (times, dates, percentages, codes) are not amounts;
@@ -38,7 +43,7 @@ import json
 import re
 from bisect import bisect_left
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -109,16 +114,32 @@ _SCALE = (
     + _alternation([w for w in _SCALES if len(w) > 2])
     + rf")){_NOT_LETTER}"
 )
-_NUMBER = rf"\d+(?:[.,]\d+)*(?![.,:/]?\d)(?!{_SP}?%)"
+_GROUP = r"[ \u00a0\u202f\u2009'\u2019]"  # between groups of three only
+_GROUPED = rf"\d{{1,3}}(?:{_GROUP}\d{{3}})+(?:[.,]\d+)?"
+_NUMBER = rf"(?:{_GROUPED}|\d+(?:[.,]\d+)*)(?![.,:/]?\d)(?!{_SP}?%)"
 _SIGN = r"[-\u2212+]"
+_DASH = r"[-\u2010-\u2015\u2212]"
 _FREE_NUMBER = rf"(?<![\w.,:/]){_NUMBER}"
+_JOIN = (
+    rf"(?P<join>{_SP}*{_DASH}{_SP}*|{_SP}+(?P<word>(?i:to|a|hasta|bis|à|au|and|y|et|und)){_SP}+)"
+)
+_BETWEEN = r"(?i:between|entre|zwischen)"
+_AND = frozenset({"and", "y", "et", "und"})  # a range only after "between"
+_NEXT = re.compile(rf"{_JOIN}(?P<n>{_NUMBER})(?P<s>{_SCALE})?{_NOT_LETTER}")
+_BEFORE = re.compile(
+    rf"(?P<between>{_BETWEEN}{_SP}+)?(?<!\d{_DASH})(?P<n>{_FREE_NUMBER})(?P<s>{_SCALE})?{_JOIN}$"
+)
+_BETWEEN_BEFORE = re.compile(rf"{_BETWEEN}{_SP}+\Z")
+_RANGE_REACH = 80  # how far before a suffixed amount its range's start may be
 
 _AMOUNT = re.compile(
     rf"(?P<pre>{_PREFIX}){_SP}{{0,2}}{_SIGN}?(?P<n1>{_NUMBER})(?P<s1>{_SCALE})?"
     rf"(?:{_SP}{{0,2}}(?P<p1>{_SUFFIX})(?!{_SP}{{0,2}}{_SIGN}?\d))?"  # "USD 30 EUR 40": two
     rf"|(?P<n2>{_FREE_NUMBER})(?P<s2>{_SCALE})?{_SP}{{0,2}}(?P<p2>{_SUFFIX})"
+    rf"(?!{_SP}{{0,2}}{_SIGN}?\d)"  # "12 EUR 40": EUR is 40's
 )
 _TOOL_NUMBER = re.compile(rf"\d+(?:[.,]\d+)*(?P<s>{_SCALE})?")
+_TOOL_GROUPED = re.compile(rf"{_GROUPED}(?![.,]?\d)(?P<s>{_SCALE})?")
 
 _HALF_CENT = Decimal("0.005")
 
@@ -161,9 +182,24 @@ def _groups_ok(groups: list[str]) -> bool:
     )
 
 
+def _indian(groups: list[str]) -> bool:
+    """`1,00,000` and `12,34,56,789`: groups of two before the last three."""
+    *head, last = groups
+    return (
+        len(groups) > 2
+        and 1 <= len(head[0]) <= 2
+        and not head[0].startswith("0")
+        and all(len(g) == 2 for g in head[1:])
+        and len(last) == 3
+    )
+
+
 def _readings(token: str) -> list[tuple[Decimal, int]]:
     """(value, decimals shown) for a digit token; the first is the reading used for answers,
     a second one exists only for the ambiguous `1,250` shape; none when malformed."""
+    if re.search(_GROUP, token):  # _GROUPED: the only other mark is the decimal one
+        whole, _, frac = re.sub(_GROUP, "", token).replace(",", ".").partition(".")
+        return [(Decimal(f"{whole}.{frac or 0}"), len(frac))]
     marks = [c for c in token if c in ".,"]
     if not marks:
         return [(Decimal(token), 0)]
@@ -176,7 +212,8 @@ def _readings(token: str) -> list[tuple[Decimal, int]]:
         return [(Decimal(f"{''.join(groups)}.{frac}"), len(frac))] if _groups_ok(groups) else []
     groups = token.split(marks[0])
     if len(groups) > 2:
-        return [(Decimal("".join(groups)), 0)] if _groups_ok(groups) else []
+        well_formed = _groups_ok(groups) or (marks[0] == "," and _indian(groups))
+        return [(Decimal("".join(groups)), 0)] if well_formed else []
     head, tail = groups
     decimal = (Decimal(f"{head}.{tail}"), len(tail))
     if len(tail) == 3 and _groups_ok(groups):
@@ -201,40 +238,80 @@ def _currency(marker: str | None) -> str | None:
     return _WORDS[key.lower().removeprefix("de ")]
 
 
+def _amount(
+    number: str, scale_text: str | None, currency: str | None, m: re.Match[str]
+) -> Amount | None:
+    readings = _readings(number)
+    if not readings:
+        return None
+    mantissa, decimals = readings[0]
+    return _scaled(
+        Amount(mantissa, currency, m[0], m.span(), Decimal(1).scaleb(-decimals)),
+        _scale_of(scale_text),
+    )
+
+
+def _scaled(amount: Amount, scale: int) -> Amount:
+    if scale == 1:
+        return amount
+    quantum = min(amount.quantum * scale, Decimal(scale) / 10)
+    value = Decimal(format((amount.value * scale).normalize(), "f"))  # 1400000, not 1400000.0
+    return replace(amount, value=value, quantum=quantum, scale=scale)
+
+
+def _range_end(text: str, m: re.Match[str], first: Amount) -> Amount | None:
+    """The other end of a range `m` starts (`$60-600`, `between USD 60 and 600`)."""
+    nxt = _NEXT.match(text, m.end())
+    if nxt is None:
+        return None
+    if (nxt["word"] or "").lower() in _AND and not _BETWEEN_BEFORE.search(text, 0, m.start()):
+        return None
+    return _amount(nxt["n"], nxt["s"], first.currency, nxt)
+
+
+def _range_start(text: str, m: re.Match[str], last: Amount) -> tuple[Amount, int] | None:
+    """The start of a range `m` ends (`5-8 USD`, `entre 1.000 y 9.999 euros`), and where the
+    range's text starts."""
+    before = _BEFORE.search(text, max(0, m.start() - _RANGE_REACH), m.start())
+    if before is None:
+        return None
+    if (before["word"] or "").lower() in _AND and before["between"] is None:
+        return None
+    first = _amount(before["n"], before["s"], last.currency, before)
+    return None if first is None else (first, before.start("n"))
+
+
 def extract_amounts(text: str) -> list[Amount]:
     """Every money amount written with a currency in `text`, in order."""
     found: list[Amount] = []
     for m in _AMOUNT.finditer(text):
+        if found and m.start() < found[-1].span[1]:  # the end of a range: counted
+            continue
         pre = m["pre"]
         number, scale_text, post = (
             (m["n1"], m["s1"], m["p1"]) if pre else (m["n2"], m["s2"], m["p2"])
         )
-        readings = _readings(number)
-        if not readings:
+        amount = _amount(number, scale_text, _currency(pre) or _currency(post), m)
+        if amount is None:
             continue
-        mantissa, decimals = readings[0]
-        scale = _scale_of(scale_text)
-        quantum = Decimal(1).scaleb(-decimals) * scale
-        if scale > 1:
-            quantum = min(quantum, Decimal(scale) / 10)
-        value = mantissa * scale
-        if scale > 1:  # "1,4 millones" is 1400000, not 1400000.0
-            value = Decimal(format(value.normalize(), "f"))
-        found.append(
-            Amount(
-                value=value,
-                currency=_currency(pre) or _currency(post),
-                text=m[0],
-                span=m.span(),
-                quantum=quantum,
-                scale=scale,
-            )
-        )
+        if pre and not post and (end := _range_end(text, m, amount)) is not None:
+            span = (m.start(), end.span[1])
+        elif not pre and (start := _range_start(text, m, amount)) is not None:
+            end, span = start[0], (start[1], m.end())
+        else:
+            found.append(amount)
+            continue
+        if found and found[-1].span[1] > span[0]:  # the range begins with an amount found
+            span = (found.pop().span[0], span[1])
+        first, last = (amount, end) if pre else (end, amount)
+        if first.scale == 1:  # "5 to 8 million": both in millions
+            first = _scaled(first, last.scale)
+        found += [replace(a, text=text[span[0] : span[1]], span=span) for a in (first, last)]
     return found
 
 
 def _text_numbers(text: str) -> Iterator[Decimal]:
-    for m in _TOOL_NUMBER.finditer(text):
+    for m in (*_TOOL_NUMBER.finditer(text), *_TOOL_GROUPED.finditer(text)):
         token = m[0][: m.start("s") - m.start()] if m["s"] else m[0]
         scale = _scale_of(m["s"])
         for value, _ in _readings(token):

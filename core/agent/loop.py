@@ -177,7 +177,7 @@ class AgentLoop:
         )
         tools = self._tools.specs()
         tools_cost = estimate_tools(tools)  # in every call's input, beside the messages
-        tool_results: list[str] = []  # what tools returned: the numbers answers may quote
+        tool_results: list[str] = []  # facts tools returned: the numbers answers may quote
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
         last_text = ""
@@ -289,7 +289,8 @@ class AgentLoop:
                     result = await self._tools.call(call.name, call.arguments, ctx)
                     content, ok = result.content, result.ok
                 messages.append(ChatMessage("tool", content, tool_call_id=call.id, name=call.name))
-                tool_results.append(content)
+                if ok and self._tools.grounds(call.name):
+                    tool_results.append(content)
                 await emit(ToolStep(turn.run_id, call.name, call.arguments, content, ok))
         out.text = last_text or (APOLOGY_LIMIT if out.limits_hit else APOLOGY_EMPTY)
         if not last_text and ctx.buttons and not out.limits_hit:
@@ -343,7 +344,8 @@ class AgentLoop:
         out.tool_calls += 1
         messages.append(ChatMessage("assistant", None, (call,)))
         messages.append(ChatMessage("tool", result.content, tool_call_id=call.id, name=call.name))
-        tool_results.append(result.content)
+        if result.ok and self._tools.grounds(call.name):
+            tool_results.append(result.content)
         await emit(ToolStep(ctx.run_id, call.name, call.arguments, result.content, result.ok))
 
     async def _ground(

@@ -41,6 +41,7 @@ class UpdatePlan:
     )
     args_model: ClassVar[type[BaseModel]] = PlanArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     async def __call__(self, args: PlanArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -64,6 +65,7 @@ class SetContext:
     )
     args_model: ClassVar[type[BaseModel]] = ContextArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     async def __call__(self, args: ContextArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -88,6 +90,7 @@ class SetState:
     )
     args_model: ClassVar[type[BaseModel]] = StateArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     async def __call__(self, args: StateArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -116,6 +119,7 @@ class CurrentTime:
     description: ClassVar[str] = "The current date, time and weekday (timezone aware)."
     args_model: ClassVar[type[BaseModel]] = TimeArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     def __init__(self, timezone: str = "UTC") -> None:
@@ -183,6 +187,7 @@ class HandoffToHuman:
     )
     args_model: ClassVar[type[BaseModel]] = HandoffArgs
     read_only: ClassVar[bool] = True
+    echoes: ClassVar[bool] = True  # grounds no amount (core.agent.tools.Echoes)
     timeout_s: ClassVar[float] = 1.0
 
     async def __call__(self, args: HandoffArgs, ctx: ToolContext) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from core.models import Button
 __all__ = [
     "CONSENT",
     "PENDING",
+    "Echoes",
     "NeedsConfirmation",
     "ResultTiers",
     "Tool",
@@ -79,6 +80,15 @@ class NeedsConfirmation(Protocol):
     def confirm(self) -> bool: ...
 
 
+@runtime_checkable
+class Echoes(Protocol):
+    """Optional: a tool whose results hold no facts from outside the run (they repeat what the
+    model wrote, or tell the time), so they ground no amount in the answer."""
+
+    @property
+    def echoes(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolResult:
     content: str  # JSON text given back to the model
@@ -125,6 +135,11 @@ class ToolRegistry:
 
     def names(self) -> list[str]:
         return list(self._tools)
+
+    def grounds(self, name: str) -> bool:
+        """Whether this tool's results are facts an answer may quote (see Echoes)."""
+        tool = self._tools.get(name)
+        return tool is not None and not (isinstance(tool, Echoes) and tool.echoes)
 
     def specs(self) -> tuple[ToolSpec, ...]:
         """What the model is shown; built once (JSON schemas are costly to derive per call)."""
