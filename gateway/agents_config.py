@@ -241,7 +241,13 @@ class HttpToolSettings(_Section):
         if self.confirm and self.read_only is not False:
             raise ValueError("confirm = true is for write tools (read_only = false)")
         host = urlsplit(self.url.replace("{", "x").replace("}", "x")).hostname or ""
-        if self.allow_hosts is not None and not host_allowed(host, tuple(self.allow_hosts)):
+        if "{" in urlsplit(self.url).netloc:  # its default allowlist would be "xshopx.…"
+            if self.allow_hosts is None:
+                raise ValueError(
+                    "the URL's host has a placeholder: list the hosts it may become in"
+                    ' allow_hosts (e.g. ["*.example.com"])'
+                )
+        elif self.allow_hosts is not None and not host_allowed(host, tuple(self.allow_hosts)):
             raise ValueError(f"the URL's host {host!r} is not in allow_hosts")
         # a placeholder that no declared argument fills failed every call ("missing argument")
         named = self.parameters.get("properties")

@@ -74,8 +74,10 @@ def agent_tools(
 
 
 def agent_instructions(agent: AgentSettings, skills: list[Skill]) -> str:
-    """The agent's instructions, followed by what its skills are for."""
-    return "\n\n".join(p for p in (agent.instructions, skills_prompt(skills)) if p)
+    """The agent's instructions, followed by what its skills are for (when it may run them)."""
+    granted = agent.tools is None or "run_skill_script" in agent.tools
+    parts = [agent.instructions, skills_prompt(skills) if granted else ""]
+    return "\n\n".join(p for p in parts if p)
 
 
 # what a channel's output rules add to the system prompt (the longest is about 70 tokens)

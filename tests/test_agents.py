@@ -151,7 +151,7 @@ async def test_bindings_route_conversations_to_agents_with_their_own_tools(
             [t["function"]["name"] for t in body.get("tools", [])],
         )
     assert by_text["vip"][0].startswith("You are the VIP concierge.")
-    assert by_text["vip"][1] == ["current_time"]
+    assert by_text["vip"][1] == ["current_time", "read_result"]  # read_result: always
     assert by_text["other"][0].startswith("You are the front desk.")
     assert "search_knowledge" in by_text["other"][1]
 
@@ -189,6 +189,22 @@ def test_runtime_wires_knowledge_index_and_skills(tmp_path: Path) -> None:
     names = [spec.name for spec in profile.loop._tools.specs()]
     assert {"load_skill", "run_skill_script", "read_knowledge"} <= set(names)
     assert (tmp_path / "index.json").is_file()  # the search index is stored
+
+
+def test_an_agent_is_told_only_of_what_it_is_granted(tmp_path: Path) -> None:
+    """Skills are named only to an agent that may run them; read_result comes with any grant,
+    since a big result's card points to it."""
+    from gateway.runtime import Runtime
+
+    body = (
+        f'[agent]\nknowledge_cache = "{tmp_path}/index.json"\n'
+        '[agents.narrow]\ninstructions = "Be brief."\ntools = ["current_time"]\n'
+        '[[bindings]]\nagent = "narrow"\nchannel = "web"\n'
+    )
+    profile = Runtime.build(load_settings(_write(tmp_path, body)), {}).agents["narrow"]
+    assert "rental-quote" not in profile.instructions
+    assert "load_skill" not in profile.instructions
+    assert [spec.name for spec in profile.loop._tools.specs()] == ["current_time", "read_result"]
 
 
 def test_a_broken_skill_is_a_config_error_naming_the_key(tmp_path: Path) -> None:

@@ -257,6 +257,25 @@ def test_a_url_placeholder_no_declared_argument_fills_is_a_problem(tmp_path: Pat
     ]
 
 
+def test_a_placeholder_in_the_host_needs_allow_hosts(tmp_path: Path) -> None:
+    """Its default allowlist was the URL with x for the braces: every call was refused."""
+    body = (
+        '[tools.http.order_status]\ndescription = "d"\n'
+        'url = "https://{shop}.example.com/orders/{id}"\n'
+        'parameters = { type = "object", properties = { shop = { type = "string" },'
+        ' id = { type = "string" } } }\n'
+    )
+    with pytest.raises(ConfigError) as err:
+        load_settings(_write(tmp_path, body))
+    [(key, reason)] = err.value.problems
+    assert key == "tools.http.order_status"
+    assert "host has a placeholder" in reason
+    assert "allow_hosts" in reason
+    allowed = load_settings(_write(tmp_path, body + 'allow_hosts = ["*.example.com"]\n'))
+    spec = allowed.tools.http["order_status"].spec("order_status")
+    assert spec.allow_hosts == ("*.example.com",)
+
+
 async def test_write_tool_runs_only_after_the_confirm_button(api: Api, store: Store) -> None:
     spec = HttpToolSpec(
         name="cancel_booking",

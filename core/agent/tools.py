@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+READ_RESULT = "read_result"  # core.agent.session_tools.ReadResult, which pages kept results
 
 
 @dataclass(slots=True)
@@ -117,10 +118,12 @@ class ToolRegistry:
             self.add(tool)
 
     def select(self, names: list[str] | None) -> ToolRegistry:
-        """A registry with only these tools (None: all), for an agent's own tool grant."""
+        """A registry with only these tools (None: all), for an agent's own tool grant, and
+        `read_result` with any grant: a big result's card points to it, and it reads only
+        what the agent's own tools returned."""
         chosen = ToolRegistry(tiers=self._tiers)
         for name, tool in self._tools.items():
-            if names is None or name in names:
+            if names is None or name in names or name == READ_RESULT:
                 chosen.add(tool)
         return chosen
 
@@ -197,7 +200,7 @@ class ToolRegistry:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{result_id}.json").write_text(json.dumps(kept, default=str), "utf-8")
             card["result_id"] = result_id
-            card["read_with"] = "read_result(result_id, offset, limit)"
+            card["read_with"] = f"{READ_RESULT}(result_id, offset, limit)"
         if truncated:
             card["truncated_to_chars"] = self._tiers.keep_chars
         return json.dumps(card, ensure_ascii=False, default=str)
