@@ -61,11 +61,19 @@ def test_text_that_only_mentions_reasoning_tags_is_kept(text: str, step: int) ->
             "<|message|>We open at 8.<|return|>",
             "We open at 8.",
         ),
+        ("<think >plan</think >We open at 8.", "We open at 8."),
+        ("<seed:think>plan</seed:think>We open at 8.", "We open at 8."),
+        ("<reflection>was I right?</reflection>\nWe open at 8.", "We open at 8."),
+        ("<start_of_turn>model\nWe open at 8.<end_of_turn>", "We open at 8."),
     ],
 )
 def test_reasoning_at_the_start_is_removed(raw: str, clean: str) -> None:
     assert strip_reasoning(raw) == clean
     assert streamed(raw, list(range(0, len(raw), 2))) == clean
+
+
+def test_a_dangling_close_tag_with_a_space_ends_the_reasoning() -> None:
+    assert strip_reasoning("plan</think >We open at 8.") == "We open at 8."
 
 
 @pytest.mark.parametrize(
@@ -98,10 +106,11 @@ _PIECES = st.sampled_from(
         *["<analysis>", "</analysis>", "<|im_end|>", "<|channel|>", "analysis", "final"],
         *["<|message|>", "<|end|>", "<|start|>", "assistant", "<channel|>", "thought"],
         *["`", "``", "```", "~~~", "\n", "\n\n", " ", "a", "b c", "\\", "<", ">", "- ", "> "],
-        *["1. ", "    ", "<b>"],
+        *["1. ", "    ", "<b>", "<think >", "</think\t>", "<seed:think>", "</seed:think>"],
+        *["<reflection>", "</reflection>", "<start_of_turn>", "model", "<end_of_turn>"],
     ]
 )
-_DANGLING = re.compile(r"</(think|thinking|reasoning)>", re.IGNORECASE)
+_DANGLING = re.compile(r"</(think|thinking|reasoning|seed:think)[ \t]{0,4}>", re.IGNORECASE)
 
 
 @settings(max_examples=300, deadline=None)

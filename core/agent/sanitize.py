@@ -82,24 +82,31 @@ class StreamFilter:
         return rest
 
 
-_TAG_NAMES = ("think", "thinking", "reasoning", "analysis")
-_OPEN_TAG = re.compile(rf"<({'|'.join(_TAG_NAMES)})>", re.IGNORECASE)
-_DANGLING = re.compile(r"</(?:think|thinking|reasoning)>", re.IGNORECASE)
-_TAG_TEXTS = tuple(f"<{n}>" for n in _TAG_NAMES) + tuple(f"</{n}>" for n in _TAG_NAMES)
-_LONGEST_TAG = max(len(t) for t in _TAG_TEXTS)
+_TAG_NAMES = ("think", "thinking", "reasoning", "analysis", "seed:think", "reflection")
+_NAMES = "|".join(map(re.escape, _TAG_NAMES))
+_TAG_SPACE = r"[ \t]{0,4}"  # "<think >" too
+_OPEN_TAG = re.compile(rf"<({_NAMES}){_TAG_SPACE}>", re.IGNORECASE)
+_DANGLING = re.compile(rf"</(?:think|thinking|reasoning|seed:think){_TAG_SPACE}>", re.IGNORECASE)
+# a start of a tag that more text could complete
+_PARTS = "|".join(re.escape(n[:i]) for n in _TAG_NAMES for i in range(len(n)))
+_TAG_START = re.compile(rf"</?(?:{_NAMES}){_TAG_SPACE}|</?(?:{_PARTS})", re.IGNORECASE)
+_REASONING_REACH = 24  # the longest end of a reasoning block, and then some
 # harmony / gemma-style special tokens and channel headers, e.g. "<|im_end|>",
-# "<|start|>assistant<|channel|>final<|message|>", and a reasoning channel
-# "<|channel|>analysis<|message|>…<|end|>" (it also ends where the next message starts)
-_TOKEN = re.compile(r"<\|[a-z_]{1,32}\|>|<channel\|>|<\|channel>")
+# "<|start|>assistant<|channel|>final<|message|>", "<start_of_turn>model", and a reasoning
+# channel "<|channel|>analysis<|message|>…<|end|>" (it also ends where the next message starts)
+_TOKEN = re.compile(
+    r"<\|[a-z_]{1,32}\|>|<channel\|>|<\|channel>|<start_of_turn>(?:model\n?)?|<end_of_turn>"
+)
 _HEADER = re.compile(r"(?:<\|start\|>[a-z_]{0,32})?(?:<\|channel\|>[a-z_]{0,32})?<\|message\|>")
 _CHANNEL_OPEN = re.compile(
     r"(?:<\|start\|>[a-z_]{0,32})?<\|channel\|>\s{0,8}(?:analysis|commentary)\s{0,8}<\|message\|>"
 )
-_CHANNEL_ENDS = ("<|end|>", "<|start|>")
+_CHANNEL_ENDS = (re.compile(re.escape("<|end|>")), re.compile(re.escape("<|start|>")))
 _THOUGHT_PREFIX = re.compile(r"(?:thought|thinking)\s*\n(?=\s*<)", re.IGNORECASE)
 # a start of the tokens and headers above that more text could complete (too wide only delays)
 _TOKEN_START = re.compile(
     r"(?:<\|[a-z_]{1,32}\|>[a-z_]{0,32}\s{0,8}[a-z_]{0,32}\s{0,8}){0,2}<?\|?[a-z_]{0,32}\|?"
+    r"|<start_of_turn>[a-z]{0,5}"
 )
 
 # a fence may follow quote markers and list bullets; the rest of a backtick fence's line has
@@ -148,12 +155,9 @@ def _closes(line: str, opening: str) -> bool:
 
 def _may_grow_tag(text: str, at: int) -> bool:
     """Whether the rest of text, from a "<", may still become a tag or token as more arrives."""
-    if len(text) - at < _LONGEST_TAG:
-        low = text[at:].lower()
-        if any(len(low) < len(tag) and tag.startswith(low) for tag in _TAG_TEXTS):
-            return True
-    m = _TOKEN_START.match(text, at)
-    return m is not None and m.end() == len(text)
+    if _TAG_START.fullmatch(text, at):
+        return True
+    return _TOKEN_START.fullmatch(text, at) is not None
 
 
 def _may_grow_head(text: str, at: int) -> bool:
@@ -211,7 +215,8 @@ class _Scanner:
         self._out: list[str] = []
         self._space = ""  # trailing whitespace, passed on once more text follows
         self._head = True  # at the start of the answer: whitespace, tokens and blocks so far
-        self._ends: tuple[str, ...] | None = None  # inside a reasoning block: what ends it
+        # inside a reasoning block: what ends it
+        self._ends: tuple[re.Pattern[str], ...] | None = None
         self._fence: str | None = None
         self._line_start = True
         self._span_seen = 0  # how far past a code span's opening the text has been read
@@ -259,7 +264,7 @@ class _Scanner:
         elif not final and _may_grow_head(buf, at):
             return False
         elif m := _OPEN_TAG.match(buf, at):
-            self._ends = (f"</{m[1].lower()}>",)
+            self._ends = (re.compile(rf"</{re.escape(m[1])}{_TAG_SPACE}>", re.IGNORECASE),)
             self._skip(m.end() - at)
         elif m := _CHANNEL_OPEN.match(buf, at):
             self._ends = _CHANNEL_ENDS
@@ -353,14 +358,19 @@ class _Scanner:
         return True
 
     def _in_reasoning(self, final: bool) -> bool:
-        low = self._buf[self._at : self._at + 16].lower()
+        buf, at = self._buf, self._at
         for end in self._ends or ():
-            if low.startswith(end):
+            if m := end.match(buf, at):
                 # the next message's "<|start|>" header is read by the head
-                self._skip(0 if end == "<|start|>" else len(end))
+                self._skip(0 if m[0] == "<|start|>" else m.end() - at)
                 self._ends, self._head, self._settled = None, True, True
                 return True
-            if not final and len(low) < len(end) and end.startswith(low):
-                return False
+        if (
+            not final
+            and buf[at] == "<"
+            and len(buf) - at < _REASONING_REACH
+            and ">" not in buf[at:]
+        ):
+            return False  # an end may be arriving
         self._skip(1)
         return True
