@@ -119,8 +119,7 @@ class SessionRunner:
         finally:
             if self.mgr._runners.get(self.skey) is self:
                 del self.mgr._runners[self.skey]
-                if not self.mgr._runners:
-                    self.mgr._idle.set()
+                self.mgr.check_idle()
 
     async def _acquire(self) -> bool:
         """Take the session's lease, or leave: whoever holds it reads pending work before it

@@ -88,6 +88,7 @@ class SessionManager:
         self._slots = asyncio.Semaphore(max_concurrent_runs)
         self._runners: dict[str, SessionRunner] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._rehoming: set[str] = set()  # sessions without their agent, being moved
         self._closing = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -238,6 +239,11 @@ class SessionManager:
         """Runs executing now (at most max_concurrent_runs)."""
         return sum(1 for r in self._runners.values() if r.turn_task is not None)
 
+    def check_idle(self) -> None:
+        """Tell wait_idle once no session has work in progress here."""
+        if not self._runners and not self._rehoming:
+            self._idle.set()
+
     async def wait_idle(self) -> None:
         """Return once no session has work in progress."""
         await self._idle.wait()
@@ -250,11 +256,46 @@ class SessionManager:
         if runner is None:
             profile = self.agents.get(key.agent)
             if profile is None:
-                log.error("no agent %r for session %s; its messages stay pending", key.agent, skey)
+                if skey not in self._rehoming:
+                    self._rehoming.add(skey)
+                    self._idle.clear()
+                    self._spawn(self._rehome(key))
                 return
             runner = self._runners[skey] = SessionRunner(self, key, profile)
             self._idle.clear()
         runner.poke(arrived=arrived)
+
+    async def _rehome(self, key: SessionKey) -> None:
+        """A session whose agent is no longer served (made a draft, removed, its binding gone):
+        its unanswered messages and undelivered replies go to the session the conversation
+        has now, and are answered there in order."""
+        try:
+            await self._move_work(key)
+        finally:
+            self._rehoming.discard(str(key))
+            self.check_idle()
+
+    async def _move_work(self, key: SessionKey) -> None:
+        new = self.session_key(key.channel, key.account, key.conversation, key.thread)
+        if new.agent not in self.agents:
+            log.error("no agent %r for session %s; its messages stay pending", key.agent, key)
+            return
+        try:
+            messages, parts = await self.store.move_work(str(key), str(new))
+        except StoreError as exc:
+            log.warning("moving the work of a session without its agent failed: %s", exc)
+            return
+        if messages or parts:
+            log.warning(
+                "agent %r is no longer served: %d unanswered message(s) and %d reply part(s)"
+                " move to session %s",
+                key.agent,
+                messages,
+                parts,
+                new,
+                extra={"session": str(key), "channel": key.channel},
+            )
+            self._wake(new, arrived=bool(messages))
 
     async def notify(
         self, key: SessionKey, text: str, *, about: InboundMessage | None = None

@@ -366,6 +366,27 @@ async def test_restart_answers_stored_unanswered_messages(
     assert rig.outlet.texts(key("R")) == ["echo: r0", "echo: r1", "echo: r2"]
 
 
+async def test_work_of_an_agent_no_longer_served_moves_to_the_conversations_session(
+    store: SqliteStore, make_rig: Callable[..., Any]
+) -> None:
+    """Its agent made a draft or removed: its messages stayed pending for good."""
+    gone = SessionKey("vip", "test", "default", "V")
+    await store.enqueue_replies(str(gone), [Reply(text="vip's last words")])
+    for i in range(2):
+        await store.put_inbound(str(gone), msg(f"v{i}", "V"), 100)
+    await store.put_inbound(str(gone), msg("busy", "V"), 100)
+    await store.acquire_lease(str(SessionKey("vip", "test", "default", "L")), "other", 60)
+    await store.put_inbound(str(SessionKey("vip", "test", "default", "L")), msg("l", "L"), 100)
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP)
+    await settle(rig)
+    assert rig.outlet.texts(key("V")) == ["vip's last words", "echo: v0", "echo: v1", "echo: busy"]
+    assert await store.pending(str(gone)) == []
+    assert await store.pending(str(key("V"))) == []
+    # a session another replica holds (it still serves the agent) keeps its work
+    assert len(await store.pending(str(SessionKey("vip", "test", "default", "L")))) == 1
+    assert rig.outlet.texts(key("L")) == []
+
+
 async def test_overflow_gets_one_visible_notice_and_is_kept(make_rig: Callable[..., Any]) -> None:
     rig: Rig = await make_rig(delay_s=0.3, max_pending=2)
     results = [await rig.manager.submit(msg(f"m{i}")) for i in range(2)]

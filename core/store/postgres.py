@@ -276,6 +276,29 @@ class PostgresStore:
                 await c.execute("SELECT pg_notify($1, $2)", self.inbox_channel, f"- {session}")
         return changed
 
+    async def move_work(self, old: str, new: str) -> tuple[int, int]:
+        async with self._conn(tx=True) as c:
+            # the session's row, locked: no replica takes its lease while the work moves
+            await c.execute("INSERT INTO sessions (key) VALUES ($1) ON CONFLICT DO NOTHING", old)
+            held = await c.fetchval(
+                "SELECT lease_owner IS NOT NULL AND lease_until >= "
+                f"{NOW} FROM sessions WHERE key = $1 FOR UPDATE",
+                old,
+            )
+            if held:
+                return 0, 0
+            moved = []
+            for table in ("inbox", "outbox"):
+                result = await c.execute(
+                    f"UPDATE {table} SET session = $1 WHERE session = $2 AND status = 'pending'",
+                    new,
+                    old,
+                )
+                moved.append(int(result.split()[-1]))
+            if any(moved):
+                await c.execute("SELECT pg_notify($1, $2)", self.inbox_channel, f"- {new}")
+        return moved[0], moved[1]
+
     async def release_unpaired(self, channel: str, sender: str) -> int:
         async with self._conn() as c:
             rows = await c.fetch(

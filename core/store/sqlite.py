@@ -402,6 +402,27 @@ class SqliteStore:
     async def release_held(self, session: str) -> int:
         return await self._set_status(session, "held", "pending")
 
+    async def move_work(self, old: str, new: str) -> tuple[int, int]:
+        def op(c: sqlite3.Connection) -> tuple[int, int]:
+            held = c.execute(
+                "SELECT 1 FROM sessions WHERE key = ? AND lease_owner IS NOT NULL"
+                " AND lease_until >= ?",
+                (old, time.time()),
+            ).fetchone()
+            if held is not None:
+                return 0, 0
+            moved = [
+                c.execute(
+                    f"UPDATE {table} SET session = ? WHERE session = ? AND status = 'pending'",
+                    (new, old),
+                ).rowcount
+                for table in ("inbox", "outbox")
+            ]
+            return moved[0], moved[1]
+
+        result: tuple[int, int] = await self._write(op)
+        return result
+
     async def release_unpaired(self, channel: str, sender: str) -> int:
         def op(c: sqlite3.Connection) -> int:
             cur = c.execute(
