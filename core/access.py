@@ -19,7 +19,15 @@ from enum import StrEnum
 from core.models import InboundMessage
 from core.store.base import Store
 
-__all__ = ["Access", "AccessControl", "AccessRule", "Verdict", "approve", "pending_codes"]
+__all__ = [
+    "Access",
+    "AccessControl",
+    "AccessRule",
+    "Verdict",
+    "approve",
+    "for_how_long",
+    "pending_codes",
+]
 
 APPROVED = "access.approved"  # "channel:sender" -> approval time
 CODES = "access.codes"  # code -> {"channel", "sender", "expires"}
@@ -27,6 +35,18 @@ PENDING_CODES_MAX = 20  # codes waiting for approval at once, per channel
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O or 1/I
 SWEEP_EVERY_S = 60.0  # how often senders gone quiet are forgotten by flood control
 TOLD_MAX = 100_000  # refused senders remembered as already told
+
+
+def for_how_long(seconds: float) -> str:
+    """What a person reads of a time left: "45 seconds", "1 minute", "90 minutes", "2 hours"."""
+    whole = max(0, round(seconds))
+    if whole < 120:
+        value, unit = (whole, "second") if whole < 60 else (whole // 60, "minute")
+    elif whole < 3 * 3600:
+        value, unit = round(whole / 60), "minute"
+    else:
+        value, unit = round(whole / 3600), "hour"
+    return f"{value} {unit}{'' if value == 1 else 's'}"
 
 
 class Access(StrEnum):
@@ -55,7 +75,7 @@ class Verdict:
 
 PAIRING_NOTICE = (
     "Hello! This assistant only talks to approved people. Please give the operator this code: "
-    "{code} (valid for {minutes} minutes). Your messages are kept and will be answered once "
+    "{code} (valid for {valid}). Your messages are kept and will be answered once "
     "you are approved."
 )
 PAIRING_BUSY = "This assistant is not taking new people right now. Please try again later."
@@ -126,10 +146,8 @@ class AccessControl:
             "expires": now + rule.pairing_ttl_s,
         }
         await self.store.kv_set(CODES, code, json.dumps(entry))
-        minutes = max(1, round(rule.pairing_ttl_s / 60))
-        return Verdict(
-            store=True, unpaired=True, notice=PAIRING_NOTICE.format(code=code, minutes=minutes)
-        )
+        notice = PAIRING_NOTICE.format(code=code, valid=for_how_long(rule.pairing_ttl_s))
+        return Verdict(store=True, unpaired=True, notice=notice)
 
     def _flood(self, rule: AccessRule, who: str) -> Verdict:
         if rule.flood_messages <= 0:

@@ -23,7 +23,7 @@ from aiohttp.web_runner import GracefulExit
 
 from channels.base import LINGER_S
 from channels.console import Console
-from core.access import approve, pending_codes
+from core.access import approve, for_how_long, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.logs import json_line, logs_json, redact, setup_logging
@@ -185,8 +185,8 @@ async def _pairing(settings: Settings, command: str, code: str) -> int:
         if command == "list":
             codes = await pending_codes(store)
             for c, entry in sorted(codes.items()):
-                left = max(0, int(float(str(entry["expires"])) - time.time()) // 60)
-                print(f"{c}  {entry['channel']}:{entry['sender']}  expires in {left} min")
+                left = for_how_long(float(str(entry["expires"])) - time.time())
+                print(f"{c}  {entry['channel']}:{entry['sender']}  expires in {left}")
             if not codes:
                 print("no pairing codes are waiting")
             return 0

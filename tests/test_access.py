@@ -17,7 +17,15 @@ import pytest
 import pytest_asyncio
 
 import core.access as access_module
-from core.access import Access, AccessControl, AccessRule, Verdict, approve, pending_codes
+from core.access import (
+    Access,
+    AccessControl,
+    AccessRule,
+    Verdict,
+    approve,
+    for_how_long,
+    pending_codes,
+)
 from core.agent.loop import AgentLoop, Limits
 from core.agent.tools import ToolRegistry
 from core.models import InboundMessage, Sender, SessionKey
@@ -254,3 +262,21 @@ async def test_pairing_from_the_command_line(tmp_path: Path) -> None:
     assert missing.returncode == 2
     assert "no store at" in missing.stderr
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0 seconds"),
+        (1, "1 second"),
+        (55.4, "55 seconds"),
+        (60, "1 minute"),
+        (600, "10 minutes"),
+        (5400, "90 minutes"),
+        (86400, "24 hours"),
+        (-5, "0 seconds"),
+    ],
+)
+def test_a_time_left_reads_as_people_say_it(seconds: float, text: str) -> None:
+    """The pairing notice said "valid for 1 minutes"; the CLI "expires in 0 min" at 55 s."""
+    assert for_how_long(seconds) == text
