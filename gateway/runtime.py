@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from channels.base import ChannelAdapter
+from channels.telegram.adapter import IDENTITY_NS
+from channels.telegram.outbound import MIGRATED_NS
+from core.access import APPROVED
 from core.agent.fallback import FallbackModel
 from core.agent.loop import AgentLoop, Limits
 from core.agent.model import ModelClient
@@ -16,6 +19,7 @@ from core.agent.offline import OfflineModel
 from core.agent.scripted import ScriptedModel
 from core.agent.tools import ToolRegistry
 from core.knowledge import KnowledgeBase
+from core.retention import Retention
 from core.routing import Binding, Router
 from core.sessions import AgentProfile, QuotaPolicy, SessionManager, SessionPolicy
 from core.skills import Skill, discover_skills
@@ -31,6 +35,9 @@ from providers.openai import OpenAIClient, RetryPolicy
 __all__ = ["Runtime", "build_model", "build_store"]
 
 log = logging.getLogger(__name__)
+# channel state retention never deletes: approved senders, the bot's learnt identity, a group's
+# new chat id after it became a supergroup
+KEPT_NAMESPACES = (APPROVED, IDENTITY_NS, MIGRATED_NS)
 
 
 def build_store(settings: Settings) -> Store:
@@ -84,6 +91,7 @@ class Runtime:
     models: list[ModelClient]
     manager: SessionManager
     agents: dict[str, AgentProfile]
+    retention: Retention | None = None
 
     @classmethod
     def build(
@@ -136,11 +144,23 @@ class Runtime:
                 for name in ("web", *PLATFORM_CHANNELS)
             },
         )
-        return cls(settings, store, models, manager, profiles)
+        retention = None
+        if settings.store.retention_days:
+            folders = [Path(settings.channels.media_dir)]
+            folders += [Path(a.settings.workspace_dir) for a in settings.resolved_agents().values()]
+            retention = Retention(
+                store,
+                settings.store.retention_days,
+                folders=folders,
+                keep_namespaces=KEPT_NAMESPACES,
+            )
+        return cls(settings, store, models, manager, profiles, retention)
 
     async def start(self) -> None:
         await self.store.start()
         await self.manager.start(sweep_interval_s=self.settings.store.poll_interval_s)
+        if self.retention is not None:
+            self.retention.start()
         log.info(
             "runtime started: store=%s agents=%s",
             self.settings.store.url.split("@")[-1],
@@ -148,6 +168,8 @@ class Runtime:
         )
 
     async def aclose(self, grace_s: float = 5.0) -> None:
+        if self.retention is not None:
+            await self.retention.aclose()
         await self.manager.aclose(grace_s)
         for model in self.models:
             await model.aclose()

@@ -81,11 +81,27 @@ class ServerSettings(_Section):
         return value
 
 
+RETENTION_MIN_DAYS = 7
+
+
 class StoreSettings(_Section):
     url: str = "sqlite:///data/switchboard.db"
     lease_ttl_s: float = Field(default=15.0, ge=0.5, le=600)  # a dead replica's sessions wait this
     poll_interval_s: float = Field(default=5.0, ge=0.05, le=600)  # sweep for work nobody holds
     pool_size: int = Field(default=10, ge=1, le=200)  # PostgreSQL connections per replica
+    # what is older is deleted (core.retention); 0 keeps everything
+    retention_days: float = Field(default=0, ge=0, le=36_500)
+
+    @field_validator("retention_days")
+    @classmethod
+    def _a_week_at_least(cls, value: float) -> float:
+        if 0 < value < RETENTION_MIN_DAYS:
+            raise ValueError(
+                f"must be 0 (keep everything) or at least {RETENTION_MIN_DAYS} days: WhatsApp"
+                " redelivers a webhook for up to 7 days, and a message deleted before that"
+                " would be answered twice"
+            )
+        return value
 
 
 class WebChannelSettings(ChannelSection):

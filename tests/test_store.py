@@ -21,6 +21,7 @@ from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, Sender
 from core.store import InboxStatus, Quota, RunRecord, SqliteStore, Store
 from core.store import sqlite as sqlite_module
+from core.store.base import utc_day
 from core.store.postgres import PostgresStore
 from tests.conftest import pg_schema
 
@@ -1015,3 +1016,58 @@ async def test_postgres_gives_connections_back_without_a_reset_round_trip(pg_url
         assert [i.message.text for i in await store.pending(S1)] == ["one trip"]
     finally:
         await store.aclose()
+
+
+async def test_prune_deletes_only_what_is_over(store: Store) -> None:
+    """Retention: answered messages, history, sent and failed parts, ended runs, earlier
+    days' usage, stale channel state and the sessions left empty go; anything with work,
+    a lease or a kept namespace stays."""
+    parts = await turn(store, S1, "old question", "old answer")
+    await store.mark_sent(parts[0].id, "wamid.1")
+    await store.put_inbound(S2, msg(text="still waiting", conversation="bob"), 100)
+    held = "default:web:default:carol"
+    await store.put_inbound(held, msg(text="for the operator", conversation="carol"), 100)
+    await store.hold_pending(held)
+    notice = "default:web:default:dave"
+    await store.enqueue_replies(notice, [Reply(text="not sent yet")])
+    leased = "default:web:default:erin"
+    assert await store.acquire_lease(leased, "w9", 60.0)
+    await store.kv_set("scratch", "k", "v")
+    await store.kv_set("keep.me", "k", "v")
+    yesterday = utc_day(time.time() - 86400)
+    await store.reserve_usage(yesterday, 1.0, [Quota("user", "alice", 5)])
+    await store.reserve_usage(utc_day(time.time()), 1.0, [Quota("user", "alice", 5)])
+
+    sessions = {r[0] for r in await query(store, "SELECT key FROM sessions")}
+    early = await store.prune(time.time() - 3600, keep_namespaces=["keep.me"])
+    assert {t: n for t, n in early.items() if n} == {"usage": 1}  # yesterday's counter only
+    deleted = await store.prune(time.time() + 1, keep_namespaces=["keep.me"], limit=1)
+    assert deleted == {
+        "inbox": 1,
+        "messages": 1,  # the question; the answer is left: the limit
+        "outbox": 1,
+        "runs": 1,
+        "usage": 0,  # gone in the first call
+        "channel_state": 1,
+        "sessions": 0,  # alice still has a history row
+    }
+    calls = 1
+    while any(deleted.values()):
+        deleted = await store.prune(time.time() + 1, keep_namespaces=["keep.me"], limit=1)
+        calls += 1
+    assert calls <= 5
+
+    assert await store.history(S1, 10) == []
+    assert [i.message.text for i in await store.pending(S2)] == ["still waiting"]
+    assert [r[0] for r in await query(store, "SELECT status FROM inbox ORDER BY id")] == [
+        "pending",
+        "held",
+    ]
+    assert [p.reply.text for p in await store.outbox_pending(notice)] == ["not sent yet"]
+    assert await store.kv_get("scratch", "k") is None
+    assert await store.kv_get("keep.me", "k") == "v"
+    assert await store.usage(yesterday, "user", "alice") == 0
+    assert await store.usage(utc_day(time.time()), "user", "alice") == 1
+    assert S1 in sessions
+    assert leased in sessions
+    assert {r[0] for r in await query(store, "SELECT key FROM sessions")} == sessions - {S1}

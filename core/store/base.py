@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +30,11 @@ __all__ = [
     "history_entries",
     "keep_handoff",
     "outbound_parts",
+    "prune_statements",
     "replies_json",
     "run_json",
     "transcript_entries",
+    "utc_day",
 ]
 
 
@@ -66,6 +69,41 @@ DELIVERY_RANK = (
 def delivery_rank(status: str) -> int:
     """Where a delivery report stands; an update must rank above the stored one."""
     return {"sent": 1, "delivered": 2, "read": 3, "failed": 5}.get(status, 1)
+
+
+def utc_day(t: float) -> str:
+    """The UTC day of unix time `t`, as daily usage counters name it ("2026-12-01")."""
+    return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
+def prune_statements(
+    before: str, day: str, now: str, limit: str, kept: str
+) -> list[tuple[str, str]]:
+    """Store.prune's statements, (table, SQL), in the dialect's placeholders: `before`, `day`
+    (its UTC day), `now` and `limit` are values, `kept` the namespaces kept (a condition on
+    `namespace`). Only what is over is deleted: never a pending, held or unpaired message, an
+    undelivered reply part, a running run, or a session with work, a lease or a row left."""
+    one = f"LIMIT {limit}"
+    return [
+        ("inbox", "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE received_at <"
+         f" {before} AND status IN ('done', 'overflow') {one})"),
+        ("messages", "DELETE FROM messages WHERE id IN (SELECT id FROM messages WHERE"
+         f" created_at < {before} {one})"),
+        ("outbox", "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox WHERE created_at <"
+         f" {before} AND status IN ('sent', 'failed') {one})"),
+        ("runs", f"DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE ended_at < {before}"
+         f" {one})"),
+        ("usage", "DELETE FROM usage WHERE (day, scope, key) IN (SELECT day, scope, key FROM"
+         f" usage WHERE day < {day} {one})"),
+        ("channel_state", "DELETE FROM channel_state WHERE (namespace, key) IN (SELECT"
+         f" namespace, key FROM channel_state WHERE updated_at < {before} AND {kept} {one})"),
+        ("sessions", "DELETE FROM sessions WHERE key IN (SELECT s.key FROM sessions s WHERE"
+         f" (s.lease_owner IS NULL OR s.lease_until < {now})"
+         " AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.session = s.key)"
+         " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session = s.key)"
+         " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.session = s.key"
+         f" AND o.status = 'pending') {one})"),
+    ]  # fmt: skip
 
 
 class InboxStatus(StrEnum):
@@ -266,6 +304,13 @@ class Store(Protocol):
 
     async def release_unpaired(self, channel: str, sender: str) -> int:
         """Queue the messages a person sent before the operator approved them."""
+
+    async def prune(
+        self, before: float, *, keep_namespaces: Sequence[str] = (), limit: int = 1000
+    ) -> dict[str, int]:
+        """Delete what was over before `before` (unix seconds), up to `limit` rows per table
+        (see prune_statements; channel state of `keep_namespaces` is kept); returns how many
+        per table. Called again while any table gave `limit`."""
 
     async def queue_depth(self) -> int:
         """Messages stored and waiting for (or inside) a run, across all sessions."""

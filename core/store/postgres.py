@@ -37,9 +37,11 @@ from core.store.base import (
     history_entries,
     keep_handoff,
     outbound_parts,
+    prune_statements,
     replies_json,
     run_json,
     transcript_entries,
+    utc_day,
 )
 from core.store.postgres_schema import MIGRATIONS
 
@@ -317,6 +319,23 @@ class PostgresStore:
                 "UPDATE inbox SET status = $1 WHERE session = $2 AND status = $3", new, session, old
             )
         return int(result.rsplit(" ", 1)[-1])
+
+    async def prune(
+        self, before: float, *, keep_namespaces: Sequence[str] = (), limit: int = 1000
+    ) -> dict[str, int]:
+        # numbers and the day inlined (each statement names different ones; asyncpg refuses
+        # a parameter a statement does not use); the namespaces are the one parameter
+        day = utc_day(before)
+        statements = prune_statements(
+            repr(float(before)), f"'{day}'", NOW, str(int(limit)), "namespace <> ALL($1::text[])"
+        )
+        deleted = {}
+        async with self._conn(tx=True) as c:
+            for table, sql in statements:
+                args = [list(keep_namespaces)] if "$1" in sql else []
+                result = await c.execute(sql, *args)
+                deleted[table] = int(result.split()[-1])
+        return deleted
 
     async def queue_depth(self) -> int:
         async with self._conn() as c:

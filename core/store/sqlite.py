@@ -57,9 +57,11 @@ from core.store.base import (
     keep_handoff,
     outbound_parts,
     owner_is_gone,
+    prune_statements,
     replies_json,
     run_json,
     transcript_entries,
+    utc_day,
 )
 from core.store.sqlite_schema import MIGRATIONS
 
@@ -444,6 +446,30 @@ class SqliteStore:
 
         changed: int = await self._write(op)
         return changed
+
+    async def prune(
+        self, before: float, *, keep_namespaces: Sequence[str] = (), limit: int = 1000
+    ) -> dict[str, int]:
+        statements = prune_statements(
+            ":before",
+            ":day",
+            ":now",
+            ":limit",
+            "namespace NOT IN (SELECT value FROM json_each(:kept))",
+        )
+        values = {
+            "before": before,
+            "day": utc_day(before),
+            "now": time.time(),
+            "limit": limit,
+            "kept": json.dumps(list(keep_namespaces)),
+        }
+
+        def op(c: sqlite3.Connection) -> dict[str, int]:
+            return {table: c.execute(sql, values).rowcount for table, sql in statements}
+
+        deleted: dict[str, int] = await self._write(op)
+        return deleted
 
     async def queue_depth(self) -> int:
         row = await self._read(
