@@ -109,8 +109,14 @@ class SessionRunner:
                         log.warning("session %s: %s (failure %d)", self.skey, exc, failures)
                     else:
                         log.exception("session %s runner failed", self.skey)
+                    if self.mgr._closing:  # shutting down: the next start resumes it
+                        return
                     if failures >= MAX_RUNNER_FAILURES:
-                        log.error("session %s: giving up until its next message", self.skey)
+                        log.error(
+                            "session %s: giving up for now; its next message or the sweep for"
+                            " unheld work (store.poll_interval_s) starts it again",
+                            self.skey,
+                        )
                         return
                     await asyncio.sleep(min(0.5 * 2**failures, 10.0))
                     continue

@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+CANCEL_WAIT_S = 5.0  # at shutdown, for cancelled tasks to stop
 
 
 class SessionManager:
@@ -180,7 +181,10 @@ class SessionManager:
             _, late = await asyncio.wait(tasks, timeout=grace_s)
             for t in late:
                 t.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
+            if late:  # a task stuck where a cancel cannot reach it must not hold the exit
+                _, stuck = await asyncio.wait(late, timeout=CANCEL_WAIT_S)
+                if stuck:
+                    log.warning("%d task(s) did not stop when cancelled; leaving them", len(stuck))
         if self._heartbeat is not None:  # after the runs: they hold their leases to the end
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

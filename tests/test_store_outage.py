@@ -23,6 +23,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,8 @@ class PgProxy:
         self._server: asyncio.Server | None = None
         self._pipes: set[asyncio.Task[None]] = set()
         self._backend_ports: set[int] = set()
+        self.flowing = asyncio.Event()  # cleared: a stalled server (nothing moves, no error)
+        self.flowing.set()
 
     async def up(self) -> None:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -123,9 +126,12 @@ class PgProxy:
         self._pipes.add(task)
         up_writer: asyncio.StreamWriter | None = None
         try:
+            await self.flowing.wait()
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
             self._backend_ports.add(up_writer.get_extra_info("sockname")[1])
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(
+                _pipe(reader, up_writer, self.flowing), _pipe(up_reader, writer, self.flowing)
+            )
         except (OSError, asyncio.CancelledError):
             pass
         finally:
@@ -135,9 +141,12 @@ class PgProxy:
                     w.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+) -> None:
     try:
         while data := await reader.read(65536):
+            await flowing.wait()
             writer.write(data)
             await writer.drain()
     finally:
@@ -557,6 +566,101 @@ async def test_postgresql_stuck_on_the_inbox_is_not_ready_and_its_calls_end(
         await store.aclose()
 
 
+async def test_postgresql_stalled_ends_each_call_in_time_and_closes(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that stops answering (no error, no closed socket): the first webhook took two
+    statement timeouts to fail (the cancel asyncpg sends waited too), and SIGTERM never ended
+    the process (closing the pool waited for the server)."""
+    from core.models import InboundMessage, Sender
+    from core.store.postgres import PostgresStore
+
+    monkeypatch.setattr("core.store.postgres.STATEMENT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.store.postgres.ACQUIRE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.store.postgres.CLOSE_TIMEOUT_S", 0.5)
+    base = urlsplit(PG_BASE)
+    proxy = PgProxy((base.hostname or "127.0.0.1", base.port or 5432))
+    await proxy.up()
+    parts = urlsplit(pg_url)
+    user = (parts.username or "") + (f":{parts.password}" if parts.password else "")
+    store = PostgresStore(urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}")))
+    await store.start()
+
+    def msg(n: int) -> InboundMessage:
+        return InboundMessage(
+            channel="test", conversation="c", sender=Sender(id="u"), text="hi", platform_id=f"{n}"
+        )
+
+    try:
+        await store.put_inbound("s", msg(0), 100)
+        proxy.flowing.clear()
+        for n in (1, 2):
+            started = time.monotonic()
+            with pytest.raises(StoreError):
+                await store.put_inbound("s", msg(n), 100)
+            assert time.monotonic() - started < 0.9  # one statement timeout, and a little
+        started = time.monotonic()
+        await store.aclose()
+        assert time.monotonic() - started < 2.0
+    finally:
+        await store.aclose()
+        await proxy.aclose()
+
+
+async def test_shutdown_with_postgresql_stalled_mid_turn_ends_in_time(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the server had stopped answering: the runners kept retrying after the
+    manager closed, and closing the pool waited for the server, so the process never ended."""
+    from core.agent.loop import AgentLoop, Limits
+    from core.agent.tools import ToolRegistry
+    from core.models import InboundMessage, Sender
+    from core.sessions import AgentProfile, SessionManager
+    from core.store.postgres import PostgresStore
+    from tests.fakes import RecordingOutlet
+    from tests.test_sessions import EchoModel
+
+    monkeypatch.setattr("core.store.postgres.STATEMENT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.store.postgres.ACQUIRE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.store.postgres.CLOSE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("core.sessions.CANCEL_WAIT_S", 0.5)
+    base = urlsplit(PG_BASE)
+    proxy = PgProxy((base.hostname or "127.0.0.1", base.port or 5432))
+    await proxy.up()
+    parts = urlsplit(pg_url)
+    user = (parts.username or "") + (f":{parts.password}" if parts.password else "")
+    store = PostgresStore(urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}")))
+    await store.start()
+    model = EchoModel(delay_s=0.5)
+    loop = AgentLoop(model, ToolRegistry([]), Limits())
+    profile = AgentProfile(name="default", instructions="x", loop=loop)
+    manager = SessionManager(store, {"default": profile}, {"test": RecordingOutlet()})
+    await manager.start()
+    try:
+        for n in range(4):
+            sender = Sender(id=f"u{n}")
+            await manager.submit(
+                InboundMessage(
+                    channel="test",
+                    conversation=f"c{n}",
+                    sender=sender,
+                    text="hi",
+                    platform_id=f"{n}",
+                )
+            )
+        while not model.requests:
+            await asyncio.sleep(0.01)
+        proxy.flowing.clear()  # mid-turn: the commits will not be answered
+        started = time.monotonic()
+        await manager.aclose(grace_s=0.5)
+        await store.aclose()
+        assert time.monotonic() - started < 5.0
+    finally:
+        await manager.aclose(grace_s=0)
+        await store.aclose()
+        await proxy.aclose()
+
+
 async def test_a_pooled_connection_the_server_closed_is_a_store_error(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -569,10 +673,8 @@ async def test_a_pooled_connection_the_server_closed_is_a_store_error(
     await store.start()
     assert store._pool is not None
 
-    @contextlib.asynccontextmanager
-    async def broken(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
         raise asyncpg.InternalClientError("cannot switch to state 12")
-        yield
 
     monkeypatch.setattr(type(store._pool), "acquire", broken)  # its slot is read-only
     try:
@@ -620,15 +722,11 @@ async def test_postgresql_readiness_answers_within_its_deadline_and_says_why(
     await store.start()
     assert store._pool is not None
 
-    @contextlib.asynccontextmanager
-    async def stalled(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def stalled(*args: Any, **kwargs: Any) -> Any:
         await asyncio.sleep(30)
-        yield
 
-    @contextlib.asynccontextmanager
-    async def timing_out(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def timing_out(*args: Any, **kwargs: Any) -> Any:
         raise TimeoutError
-        yield
 
     try:
         monkeypatch.setattr(type(store._pool), "acquire", stalled)
@@ -636,7 +734,7 @@ async def test_postgresql_readiness_answers_within_its_deadline_and_says_why(
             with pytest.raises(StoreError, match=r"did not answer within 0\.3 s"):
                 await store.ping()
         monkeypatch.setattr(type(store._pool), "acquire", timing_out)
-        with pytest.raises(StoreError, match="store operation failed: TimeoutError"):
+        with pytest.raises(StoreError, match="store operation failed: no answer within"):
             await store.sessions_with_work()
     finally:
         monkeypatch.undo()

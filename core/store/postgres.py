@@ -62,6 +62,7 @@ NOW = "extract(epoch from clock_timestamp())"
 MIGRATION_LOCK = 0x5B0A_4D01  # pg_advisory_xact_lock key for schema changes
 STATEMENT_TIMEOUT_S = 10.0  # a stalled server or a lock held elsewhere: StoreError, not a hang
 ACQUIRE_TIMEOUT_S = 10.0  # every pooled connection busy (stuck) that long: StoreError
+CLOSE_TIMEOUT_S = 5.0  # closing politely; then the connections are dropped (a stalled server)
 PING_TIMEOUT_S = 2.0
 MIGRATION_TIMEOUT_S = 3600.0  # an index built over a large table at an upgrade
 # what the driver raises when the server, the network or a pooled connection fails:
@@ -131,11 +132,16 @@ class PostgresStore:
             self._relisten = None
         if self._listener is not None:
             self._listener.remove_termination_listener(self._listener_lost)
-            with contextlib.suppress(Exception):
-                await self._listener.close()
+            try:
+                await asyncio.wait_for(self._listener.close(), CLOSE_TIMEOUT_S)
+            except Exception:  # a stalled server never says goodbye
+                self._listener.terminate()
             self._listener = None
         if self._pool is not None:
-            await self._pool.close()
+            try:
+                await asyncio.wait_for(self._pool.close(), CLOSE_TIMEOUT_S)
+            except Exception:
+                self._pool.terminate()
             self._pool = None
 
     async def listen(self, on_session: Callable[[str], None]) -> None:
@@ -202,17 +208,34 @@ class PostgresStore:
 
     @contextlib.asynccontextmanager
     async def _conn(self, *, tx: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection for one store call, which ends within STATEMENT_TIMEOUT_S
+        however many statements it makes. A call that times out or is cancelled drops its
+        connection: handing it back would wait for the server to cancel the statement, a
+        second timeout when the server has stalled."""
         if self._pool is None:
             raise StoreError("store is not running")
+        pool, c = self._pool, None
         try:
-            async with self._pool.acquire(timeout=ACQUIRE_TIMEOUT_S) as c:
+            async with asyncio.timeout(STATEMENT_TIMEOUT_S):
+                c = await pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
                 if tx:
                     async with c.transaction():
                         yield c
                 else:
                     yield c
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            if c is not None:
+                c.terminate()
+            if isinstance(exc, TimeoutError):
+                raise StoreError(
+                    f"store operation failed: no answer within {STATEMENT_TIMEOUT_S:g} s"
+                ) from exc
+            raise
         except DRIVER_ERRORS as exc:
             raise StoreError(f"store operation failed: {str(exc) or type(exc).__name__}") from exc
+        finally:
+            if c is not None:
+                await pool.release(c)
 
     async def ping(self) -> None:
         """Ready: within PING_TIMEOUT_S in all (a pooled connection included), the inbox
