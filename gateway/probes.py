@@ -93,7 +93,8 @@ async def probe_all(settings: Settings) -> list[Probe]:
 
 
 # how a failed call reads when the server was never reached (httpx, aiohttp, the Graph client)
-_UNREACHED = ("Connect", "unreachable", "no answer within")  # ClientConnectorDNSError too
+# or what answered is not the platform's API (a body that is not JSON)
+_UNREACHED = ("Connect", "unreachable", "no answer within", "not JSON")
 
 
 def _hint(probe: Probe, keys: str) -> str:

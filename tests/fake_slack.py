@@ -134,11 +134,13 @@ class FakeSlack:
         retry_after: float | None = 1,
         times: int = 1,
         after: int = 0,
+        body: str | None = None,
     ) -> None:
         """After `after` good calls, the next `times` calls of `method` answer HTTP `status`
-        (429 with Retry-After)."""
+        (429 with Retry-After); `body`: this instead of Slack's JSON, said to be JSON (a
+        proxy's error page)."""
         for i in range(times):
-            self._faults[method].append([after if i == 0 else 0, status, retry_after])
+            self._faults[method].append([after if i == 0 else 0, status, retry_after, body])
 
     def add_file(self, name: str, data: bytes, mime: str) -> str:
         self.files[name] = (data, mime)
@@ -182,8 +184,12 @@ class FakeSlack:
         if faults and faults[0][0] > 0:
             faults[0][0] -= 1
         elif faults:
-            _, status, retry_after = faults.popleft()
+            _, status, retry_after, body = faults.popleft()
             headers = {"Retry-After": str(int(retry_after))} if retry_after is not None else {}
+            if body is not None:
+                return web.Response(
+                    text=body, status=status, headers=headers, content_type="application/json"
+                )
             error = "ratelimited" if status == 429 else "internal_error"
             return web.json_response({"ok": False, "error": error}, status=status, headers=headers)
         expected = APP_TOKEN if method == "apps.connections.open" else BOT_TOKEN

@@ -94,6 +94,18 @@ async def test_a_platform_never_reached_names_its_address_not_its_token(
         assert probes[name].detail.endswith(f"(check channels.{channel}.api_base)"), probes[name]
 
 
+async def test_a_slack_api_base_answering_no_json_names_the_address(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    """A proxy's page where Slack's JSON should be: the report was an AttributeError that said
+    to check the bot token."""
+    fakes.slack.fail("auth.test", 502, retry_after=None, body="<html>Bad gateway</html>")
+    probes = {p.name: p for p in await probe_all(load_settings(_config(tmp_path, fakes)))}
+    detail = probes["slack auth.test"].detail
+    assert "HTTP 502 with a body that is not JSON" in detail
+    assert detail.endswith("(check channels.slack.api_base)")
+
+
 async def test_check_reports_failed_live_checks_and_fails_only_when_strict(
     tmp_path: Path, fakes: Fakes
 ) -> None:

@@ -112,6 +112,18 @@ async def test_a_retry_resumes_after_the_messages_already_sent(
     [
         (lambda s: s.fail("chat.postMessage", 429, retry_after=7), True, "ratelimited", 7.0),
         (lambda s: s.fail("chat.postMessage", 503, retry_after=None), True, "internal_error", None),
+        (  # a proxy's page where JSON was promised: was an AttributeError with a traceback
+            lambda s: s.fail("chat.postMessage", 502, retry_after=None, body="<html>502</html>"),
+            True,
+            "http_502",
+            None,
+        ),
+        (
+            lambda s: s.fail("chat.postMessage", 200, retry_after=None, body="{not json"),
+            True,
+            "http_200",
+            None,
+        ),
         (lambda s: s.channel_errors.update(C1="not_in_channel"), False, "not_in_channel", None),
         (
             lambda s: s.channel_errors.update(C1="channel_not_found"),

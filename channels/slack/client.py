@@ -11,6 +11,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
+from slack_sdk.web.slack_response import SlackResponse
 
 from channels.limiter import KeyedLimiter
 from core.errors import ChannelError
@@ -29,8 +30,16 @@ RETRYABLE_ERRORS = frozenset(
 def translate(exc: Exception, method: str) -> ChannelError:
     """A slack_sdk or network failure as a ChannelError the outbox can act on."""
     if isinstance(exc, SlackApiError):
-        status = exc.response.status_code
-        error = str(exc.response.get("error") or f"http_{status}")
+        response = exc.response
+        if not isinstance(response, AsyncSlackResponse | SlackResponse):  # a body not JSON
+            status = int(getattr(response, "status", 0))
+            return ChannelError(
+                f"{method}: HTTP {status} with a body that is not JSON",
+                retryable=True,
+                code=f"http_{status}",
+            )
+        status = response.status_code
+        error = str(response.get("error") or f"http_{status}")
         if status == 429:
             retry_after = _seconds(exc.response.headers.get("Retry-After"))
             return ChannelError(
