@@ -159,6 +159,10 @@ def setup_logging(level: str = "INFO", fmt: Format = "auto") -> None:
     root.setLevel(level.upper() if level.upper() in logging.getLevelNamesMapping() else "INFO")
     for noisy in ("httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # each failure they log with a traceback reaches our code, which says it in one line: an
+    # error page from the Bot API, the pool retrying through a database outage
+    logging.getLogger("telegram.request").setLevel(logging.CRITICAL)
+    logging.getLogger("asyncpg.pool").setLevel(logging.ERROR)
     logging.getLogger("aiohttp.server").addFilter(PARSER_REFUSALS)
     asyncio_log = logging.getLogger("asyncio")
     if not any(isinstance(f, _OutOfFiles) for f in asyncio_log.filters):

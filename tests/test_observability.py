@@ -239,3 +239,23 @@ def test_running_out_of_file_descriptors_is_one_line_a_minute() -> None:
             assert record.exc_info is None
             assert "out of file descriptors" in record.getMessage()
     assert lines == 1
+
+
+def test_failures_libraries_log_and_raise_to_us_are_not_logged_twice() -> None:
+    """A Bot API error page logged a traceback per attempt; the PostgreSQL pool, one a minute
+    through an outage. Our code logs each failure once."""
+    from gateway.logs import setup_logging
+
+    root = logging.getLogger()
+    kept = root.handlers[:], root.level
+    try:
+        setup_logging("INFO")
+        assert not logging.getLogger("telegram.request").isEnabledFor(logging.ERROR)
+        assert not logging.getLogger("asyncpg.pool").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("asyncpg.pool").isEnabledFor(logging.ERROR)
+        assert logging.getLogger("core.outbox").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], level = kept
+        root.setLevel(level)
+        for name in ("telegram.request", "asyncpg.pool"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
