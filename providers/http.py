@@ -7,6 +7,7 @@ ten times the CPU per call (its connection pool checks every connection on each 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import urllib.request
@@ -55,8 +56,9 @@ class HttpModelClient(ABC):
         self._headers = dict(headers)
         if not any(k.lower() == "content-type" for k in headers):
             self._headers["Content-Type"] = "application/json"
-        # a bound on connecting and on each wait for the server, not on the whole answer,
-        # which may stream for longer
+        # a bound on connecting and on each read; a call's own bound (_post, _EventStream)
+        # counts only what the model says, so keep-alive bytes cannot hold it open forever
+        self._timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=min(timeout_s, 10.0), sock_read=timeout_s
         )
@@ -149,9 +151,10 @@ class HttpModelClient(ABC):
         """One streamed call, pushing text to `sink` as it arrives."""
 
     async def _post(self, payload: bytes) -> bytes:
-        """POST the body and return the answer's body, an HTTP error raised as ModelError."""
+        """POST the body and return the answer's body, an HTTP error raised as ModelError.
+        The whole answer within timeout_s (a server may send whitespace while it works)."""
         with _io_errors("request"):
-            async with await self._send(payload) as resp:
+            async with asyncio.timeout(self._timeout_s), await self._send(payload) as resp:
                 body = await resp.read()
         self._check_status(resp.status, resp.headers, body)
         return body
@@ -171,7 +174,7 @@ class HttpModelClient(ABC):
                 if resp.content_type == "application/json":
                     raise _WholeAnswer(body)  # asked to stream, it answered whole: read that
                 raise ModelError("model did not answer with an event stream", retryable=True)
-            yield _EventStream(resp.content)
+            yield _EventStream(resp.content, self._timeout_s)
 
     async def _send(self, payload: bytes) -> aiohttp.ClientResponse:
         if self._http is None:
@@ -201,12 +204,17 @@ class _WholeAnswer(Exception):
 
 
 class _EventStream:
-    """The events of one streamed answer, read errors raised as retryable ModelErrors."""
+    """The events of one streamed answer, read errors raised as retryable ModelErrors. The
+    next event must come within `idle_s` of the last (of the start, for the first): comments
+    and `ping` events, which servers send to keep a connection open while the model is
+    queued or thinking, do not count, so a stream of them alone times out."""
 
-    def __init__(self, content: aiohttp.StreamReader) -> None:
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float) -> None:
         self._content = content
         self._decoder = SSEDecoder()
         self._ready: deque[ServerSentEvent] = deque()
+        self._idle_s = idle_s
+        self._deadline = asyncio.get_running_loop().time() + idle_s
 
     def __aiter__(self) -> _EventStream:
         return self
@@ -214,11 +222,15 @@ class _EventStream:
     async def __anext__(self) -> ServerSentEvent:
         while not self._ready:
             with _io_errors("stream"):
-                chunk = await self._content.readany()
+                async with asyncio.timeout_at(self._deadline):
+                    chunk = await self._content.readany()
                 self._ready.extend(self._decoder.feed(chunk))
             if not chunk:
                 raise StopAsyncIteration
-        return self._ready.popleft()
+        event = self._ready.popleft()
+        if event.event != "ping":
+            self._deadline = asyncio.get_running_loop().time() + self._idle_s
+        return event
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import json
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -413,12 +413,15 @@ async def test_stream_stalling_after_text_times_out_without_retry(
 # -- the stream parser against hand-made answers -----------------------------------------
 
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
 class Canned:
     """An HTTP server on 127.0.0.1 that answers each request with the next canned response
     and records the paths it was asked for (with their headers, keys lowercased)."""
 
     def __init__(self) -> None:
-        self.answers: deque[web.Response] = deque()
+        self.answers: deque[web.Response | Handler] = deque()
         self.paths: list[str] = []
         self.headers: list[dict[str, str]] = []
         self.url = ""
@@ -437,7 +440,8 @@ class Canned:
         self.paths.append(request.path)
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
         await request.read()
-        return self.answers.popleft()
+        answer = self.answers.popleft()
+        return answer if isinstance(answer, web.StreamResponse) else await answer(request)
 
 
 @pytest_asyncio.fixture
@@ -646,6 +650,51 @@ async def test_long_stream_outlives_the_timeout_while_each_piece_is_in_time(
     assert time.monotonic() - started > 0.5
     assert response.text == answer
     assert len(fake_openai.requests) == 1
+
+
+def _keeping_alive(content_type: str, beat: bytes) -> Handler:
+    """An answer that only ever sends keep-alive bytes (a queued model at a router)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+        for _ in range(100):
+            await response.write(beat)
+            await asyncio.sleep(0.05)
+        return response
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("stream", "content_type", "beat"),
+    [
+        (True, "text/event-stream", b": keep-alive\n\n"),
+        (True, "text/event-stream", b'event: ping\ndata: {"type": "ping"}\n\n'),
+        (False, "application/json", b" "),
+    ],
+    ids=["comments", "ping events", "whitespace"],
+)
+async def test_keep_alive_bytes_alone_time_out_the_call(
+    canned: Canned, stream: bool, content_type: str, beat: bytes
+) -> None:
+    """A server saying nothing but keep-alives held the call until the run's timeout: the
+    fallback model never got its turn."""
+    canned.answers.append(_keeping_alive(content_type, beat))
+    client = OpenAIClient(
+        base_url=canned.url + "/v1",
+        model="m",
+        stream=stream,
+        timeout_s=0.3,
+        retry=RetryPolicy(attempts=0),
+    )
+    started = time.monotonic()
+    try:
+        with pytest.raises(ModelError, match="timed out"):
+            await client.complete(_request())
+    finally:
+        await client.aclose()
+    assert time.monotonic() - started < 3  # the server would go on for 5 s
 
 
 async def test_refused_connection_is_a_retryable_model_error(stream: bool) -> None:
