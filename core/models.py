@@ -114,6 +114,7 @@ class OutboundPart(BaseModel):
     seq: int
     reply: Reply
     attempts: int = 0
+    not_before: float | None = None  # unix time: a retry_after (or backoff) a restart keeps
 
 
 @dataclass(frozen=True, slots=True)

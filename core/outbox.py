@@ -84,6 +84,9 @@ class Outbox:
         started = time.monotonic()
         failures = 0  # in this call: the backoff starts over after a restart
         extra = {"session": str(key), "channel": key.channel}
+        if part.not_before is not None and (wait := part.not_before - time.time()) > 0:
+            # a retry_after (or backoff) given before a restart: still owed
+            await asyncio.sleep(min(wait, self._policy.retry_for_s))
         while True:
             if failures and fence is not None and not await fence():
                 log.info("reply part %d left to the session's new holder", part.id, extra=extra)
@@ -103,7 +106,10 @@ class Outbox:
             failures += 1
             limited = retry_after is not None
             permanent = not retryable or time.monotonic() - started >= self._policy.retry_for_s
-            await self._store.mark_failed(part.id, error[:500], permanent=permanent)
+            delay = self._policy.delay(failures, retry_after)
+            await self._store.mark_failed(
+                part.id, error[:500], permanent=permanent, not_before=time.time() + delay
+            )
             self._telemetry.send(
                 key.channel, "failed" if permanent else "retry", rate_limited=limited
             )
@@ -112,7 +118,7 @@ class Outbox:
                 return True
             if failures == 1 and not limited:
                 log.warning("reply part %d not sent, retrying: %s", part.id, error, extra=extra)
-            await asyncio.sleep(self._policy.delay(failures, retry_after))
+            await asyncio.sleep(delay)
 
     async def _confirm(self, part_id: int, platform_id: str | None, extra: dict[str, str]) -> None:
         """Record a part the platform accepted as sent, however long the store takes to come

@@ -975,6 +975,36 @@ async def test_a_send_waiting_out_a_429_is_left_to_the_replica_that_took_the_lea
     assert await store.renew_leases([skey], "other-replica", 30.0) == {skey}  # untouched
 
 
+async def test_a_429s_retry_after_outlasts_a_restart(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    """Restarted two seconds into a 30-second retry_after, the gateway sent again at once."""
+    skey = str(key("T"))
+
+    tries: list[float] = []  # by both processes' outlets
+
+    class Timed(RecordingOutlet):
+        async def send(self, k: SessionKey, part: OutboundPart) -> str | None:
+            tries.append(time.monotonic())
+            return await super().send(k, part)
+
+    first: Rig = await make_rig(outlet=Timed())
+    first.outlet.fail_with.append(ChannelError("Too Many Requests", retryable=True, retry_after=1))
+    await store.enqueue_replies(skey, [Reply(text="later")])
+    await first.manager.notify(key("T"), "after it")
+    while not tries:
+        await asyncio.sleep(0.01)
+    await first.manager.aclose(grace_s=0)  # mid-wait: the process stops
+    [pending, _] = await store.outbox_pending(skey)
+    assert pending.not_before is not None
+    assert pending.not_before > time.time() + 0.5
+
+    second: Rig = await make_rig(outlet=Timed())
+    await asyncio.wait_for(second.manager.wait_idle(), 5.0)
+    assert second.outlet.texts(key("T")) == ["later", "after it"]
+    assert tries[1] - tries[0] >= 0.9  # the wait was owed after the restart too
+
+
 async def test_the_parts_after_one_whose_send_outlasted_the_lease_are_left_to_the_new_holder(
     store: Store, make_rig: Callable[..., Any]
 ) -> None:

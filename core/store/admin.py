@@ -341,7 +341,7 @@ class Console(ABC):
         them, the person read the answers backwards); returns its session, or None when
         there is no such failed part."""
         return await self._update(
-            "UPDATE outbox SET status = 'pending', attempts = 0, error = NULL"
+            "UPDATE outbox SET status = 'pending', attempts = 0, error = NULL, not_before = NULL"
             " WHERE status = 'failed' AND id <= ?"
             " AND session = (SELECT session FROM outbox WHERE id = ? AND status = 'failed')"
             " RETURNING session",

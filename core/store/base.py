@@ -252,7 +252,7 @@ def transcript_entries(rows: list[Any]) -> list[TranscriptEntry]:
 
 
 def outbound_parts(session: str, rows: list[Any]) -> list[OutboundPart]:
-    """(id, run_id, seq, reply JSON, attempts) rows as outbox parts."""
+    """(id, run_id, seq, reply JSON, attempts, not_before) rows as outbox parts."""
     return [
         OutboundPart(
             id=r[0],
@@ -261,6 +261,7 @@ def outbound_parts(session: str, rows: list[Any]) -> list[OutboundPart]:
             seq=r[2],
             reply=Reply.model_validate_json(r[3]),
             attempts=r[4],
+            not_before=r[5],
         )
         for r in rows
     ]
@@ -361,7 +362,11 @@ class Store(Protocol):
 
     async def mark_sent(self, part_id: int, platform_id: str | None) -> None: ...
 
-    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None: ...
+    async def mark_failed(
+        self, part_id: int, error: str, *, permanent: bool, not_before: float | None = None
+    ) -> None:
+        """A failed send: a dead letter when `permanent`, else pending again, tried no sooner
+        than `not_before` (unix time), after a restart too."""
 
     async def update_delivery(
         self, channel: str, platform_id: str, status: str, error: str | None = None

@@ -494,7 +494,7 @@ class PostgresStore:
     async def outbox_pending(self, session: str) -> list[OutboundPart]:
         async with self._conn() as c:
             rows = await c.fetch(
-                "SELECT id, run_id, seq, reply, attempts FROM outbox"
+                "SELECT id, run_id, seq, reply, attempts, not_before FROM outbox"
                 " WHERE session = $1 AND status = 'pending' ORDER BY id",
                 session,
             )
@@ -510,12 +510,16 @@ class PostgresStore:
                 part_id,
             )
 
-    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None:
+    async def mark_failed(
+        self, part_id: int, error: str, *, permanent: bool, not_before: float | None = None
+    ) -> None:
         async with self._conn() as c:
             await c.execute(
-                "UPDATE outbox SET status = $1, error = $2, attempts = attempts + 1 WHERE id = $3",
+                "UPDATE outbox SET status = $1, error = $2, attempts = attempts + 1,"
+                " not_before = $3 WHERE id = $4",
                 "failed" if permanent else "pending",
                 error,
+                not_before,
                 part_id,
             )
 

@@ -143,4 +143,9 @@ V4 = """
 CREATE INDEX IF NOT EXISTS inbox_received ON inbox (session, received_at);
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4)]
+# v5: a reply part's retry_after (or backoff) outlasts a restart
+V5 = """
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)]

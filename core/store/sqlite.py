@@ -636,7 +636,7 @@ class SqliteStore:
         rows = await self._lookup(
             lambda c: _fetchall(
                 c,
-                "SELECT id, run_id, seq, reply, attempts FROM outbox"
+                "SELECT id, run_id, seq, reply, attempts, not_before FROM outbox"
                 " WHERE session = ? AND status = 'pending' ORDER BY id",
                 (session,),
             )
@@ -653,13 +653,16 @@ class SqliteStore:
 
         await self._write(op)
 
-    async def mark_failed(self, part_id: int, error: str, *, permanent: bool) -> None:
+    async def mark_failed(
+        self, part_id: int, error: str, *, permanent: bool, not_before: float | None = None
+    ) -> None:
         status = "failed" if permanent else "pending"
 
         def op(c: sqlite3.Connection) -> None:
             c.execute(
-                "UPDATE outbox SET status = ?, error = ?, attempts = attempts + 1 WHERE id = ?",
-                (status, error, part_id),
+                "UPDATE outbox SET status = ?, error = ?, attempts = attempts + 1,"
+                " not_before = ? WHERE id = ?",
+                (status, error, not_before, part_id),
             )
 
         await self._write(op)

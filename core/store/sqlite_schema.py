@@ -97,4 +97,9 @@ V3 = """
 CREATE INDEX IF NOT EXISTS inbox_received ON inbox (session, received_at);
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3)]
+# v4: a reply part's retry_after (or backoff) outlasts a restart
+V4 = """
+ALTER TABLE outbox ADD COLUMN not_before REAL;
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4)]
