@@ -110,13 +110,18 @@ async def read_form(request: web.Request) -> Mapping[str, Any]:
 
 def same_origin(request: web.Request, public_url: str | None) -> bool:
     """Whether a browser's Origin (when it sends one) is this gateway: the Host it was asked
-    for, or its public URL's host (a proxy in front may pass on a Host of its own)."""
+    for, by the request's scheme or https, or its public URL (a proxy in front may pass on a
+    Host of its own). The scheme counts: a plain-http page on our host (whatever a network
+    attacker injects there) is not ours when the chat is served over https."""
     origin = request.headers.get("Origin")
     if origin is None:  # not sent by every client on same-origin requests
         return True
-    netloc = urlsplit(origin).netloc.lower()
-    ours = {request.host.lower(), urlsplit(public_url or "").netloc.lower()} - {""}
-    return netloc in ours
+    theirs = urlsplit(origin)
+    scheme, netloc = theirs.scheme.lower(), theirs.netloc.lower()
+    if netloc == request.host.lower() and scheme in (request.scheme, "https"):
+        return True  # https too: behind a TLS proxy the request itself may read as http
+    ours = urlsplit(public_url or "")
+    return bool(ours.netloc) and (scheme, netloc) == (ours.scheme.lower(), ours.netloc.lower())
 
 
 def client_key(address: str | None) -> str:

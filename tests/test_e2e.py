@@ -357,6 +357,7 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
         assert page.headers["X-Content-Type-Options"] == "nosniff"
         body = json.dumps({"text": "hi", "client_id": "c1"}).encode()
         as_json = {"Content-Type": "application/json"}
+        proxied = {"X-Forwarded-Proto": "https"}
         for headers, status in [
             ({**as_json, "Origin": "https://evil.example"}, 403),
             ({**as_json, "Origin": "null"}, 403),
@@ -365,6 +366,14 @@ async def test_the_page_and_its_posts_are_guarded_against_other_sites(
             ({**as_json, "Content-Encoding": "gzip"}, 400),  # not gzip: a 400, not a 500
             ({**as_json, "Origin": "https://chat.example"}, 202),
             ({**as_json, "Origin": gw.url}, 202),
+            # a plain-http page of the public host (a network attacker's injection) is not
+            # ours: it posted into the chat with the person's cookie
+            ({**as_json, "Origin": "http://chat.example"}, 403),
+            (
+                {**as_json, "Origin": gw.url, **proxied},
+                403,  # the request came over https: its http twin is another origin
+            ),
+            ({**as_json, "Origin": gw.url.replace("http://", "https://"), **proxied}, 202),
         ]:
             r = await client.post("/chat/messages", content=body, headers=headers)
             assert (r.status_code, "error" in r.json()) == (status, status != 202), headers
