@@ -355,10 +355,13 @@ def _objects(value: Any) -> bool:
 
 
 def _malformed_actions(body: Any) -> str | None:
-    """Why an interactivity payload cannot be read, or None: Bolt matches listeners on the
-    first action's action_id, and on a view's type, and answers 500 when one is missing."""
+    """Why a form body (interactivity, a slash command) cannot be read, or None: Bolt matches
+    listeners on the first action's action_id, and on a view's type, and answers 500 when one
+    is missing, and 404 to a form that is neither."""
     if not isinstance(body, dict):
         return None
+    if not any(k in body for k in ("type", "command", "ssl_check")):  # Bolt's 404
+        return "a form body needs payload= (interactivity) or command= (a slash command)"
     kind = body.get("type")
     if kind == "block_actions":
         actions = body.get("actions")
