@@ -10,6 +10,7 @@ import ipaddress
 import json
 import os
 import re
+import tempfile
 import tomllib
 import types
 from collections.abc import Mapping
@@ -343,11 +344,13 @@ def load_settings(
     unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
     data = _interpolate(data, env, "", unset)
     # an override's ${VAR} is read too: taken as text, "${ADMIN_TOKEN}" became the token
+    in_overrides: list[tuple[str, str]] = []
     overrides = {
-        name: _interpolate(value, env, ".".join(keys), unset)
+        name: _interpolate(value, env, ".".join(keys), in_overrides)
         for name, value in env.items()
         if (keys := _env_path(name)) and "${" in value
     }
+    unset += [(key, reason + env_source(key, env)) for key, reason in in_overrides]
     env = {**env, **overrides} if overrides else env
     token = _SOURCES.set((data, env))
     try:
@@ -590,12 +593,24 @@ def _sqlite_path_problem(path: str) -> str | None:
     folder = next((d for d in file.parents if d.exists()), Path("."))
     if not folder.is_dir():
         return f"{folder} is a file, not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK) or not _root_can_write(folder):
         # SQLite writes its -wal and -shm files beside the database
         return f"{folder} is not writable by this user"
     if file.exists() and not os.access(file, os.R_OK | os.W_OK):
         return f"{path} is not readable and writable by this user"
     return None
+
+
+def _root_can_write(folder: Path) -> bool:
+    """For root, whom access(2) lets write anywhere, whether a file can be made there (not
+    in /proc, say): tried with a file removed at once."""
+    if os.geteuid() != 0:
+        return True
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def semantic_problems(s: Settings) -> list[tuple[str, str]]:

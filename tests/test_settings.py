@@ -279,6 +279,7 @@ def test_a_secret_read_from_a_file_loses_its_line_break(tmp_path: Path) -> None:
         ("{tmp}/sb.db?mode=ro", "no ?parameters"),
         ("{tmp}/a\u0000b.db", "a NUL character"),
         ("{tmp}/file.txt/sb.db", "is a file, not a folder"),
+        ("/proc/sb.db", "is not writable"),  # root may write anywhere, says access(2)
     ],
 )
 def test_a_sqlite_file_the_store_cannot_open_is_a_problem_by_key(
@@ -299,7 +300,8 @@ def test_an_overrides_variable_is_read_too(tmp_path: Path) -> None:
     assert token is not None
     assert token.get_secret_value() == "0123456789abcdef-x"
     problems = problems_of(path, environ={"SWITCHBOARD__ADMIN__TOKEN": "${ADMIN_TOKEN}"})
-    assert problems == [("admin.token", "environment variable ADMIN_TOKEN is not set")]
+    reason = "environment variable ADMIN_TOKEN is not set (from SWITCHBOARD__ADMIN__TOKEN)"
+    assert problems == [("admin.token", reason)]  # the file has no such ${VAR}: say where
     literal = {"SWITCHBOARD__AGENT__INSTRUCTIONS": "Say $${name}."}
     assert load_settings(path, environ=literal).agent.instructions == "Say ${name}."
 
