@@ -350,7 +350,23 @@ def test_warning_language_hint_wins() -> None:
     report = check("Your balance is $30.", [])
     assert report.language == "en"
     assert warning_text(report, "es-CO").startswith("Por favor, confirma este monto")
-    assert warning_text(report, "fr").startswith("Please confirm")
+    assert warning_text(report, "fr").startswith("Merci de confirmer")
+    assert warning_text(report, "ja").startswith("Please confirm")  # no such messages
+
+
+@pytest.mark.parametrize(
+    ("answer", "starts"),
+    [
+        ("Le prix est de 1 400 € pour la semaine.", "Merci de confirmer ce montant"),
+        ("O preço é 1.400 reais por mês, obrigado.", "Por favor, confirme este valor"),
+        ("Der Preis ist 1.400 € für die Woche.", "Bitte bestätigen Sie diesen Betrag"),
+        ("El precio es de 1.400 € por semana.", "Por favor, confirma este monto"),
+        ("The price is 1,400 € for the week.", "Please confirm this amount"),
+    ],
+)
+def test_the_warning_speaks_the_answers_language(answer: str, starts: str) -> None:
+    """A French answer was warned in Spanish."""
+    assert warning_text(check(answer, [])).startswith(starts)
 
 
 def test_warning_is_short_deduplicated_and_capped() -> None:

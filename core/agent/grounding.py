@@ -166,7 +166,7 @@ class GroundingReport:
 
     amounts: tuple[Amount, ...]
     unmatched: tuple[Amount, ...]
-    language: str  # "en" or "es", guessed from the answer for the warning
+    language: str  # "en", "es", "fr", "pt" or "de", guessed from the answer for the warning
 
     @property
     def ok(self) -> bool:
@@ -371,21 +371,56 @@ def _grounded(amount: Amount, numbers: list[Decimal]) -> bool:
     return _near(numbers, amount.value / amount.scale, mantissa_tolerance)
 
 
-_ES_HINTS = frozenset(
-    "el la los las de del que por para con una un es está son su tu usted y pesos millones mil"
-    " precio cuesta hola gracias puedes tienes".split()
-)
-_EN_HINTS = frozenset(
-    "the an of to is are your you for with this that it and price costs"
-    " hello thanks can have".split()
-)
+# words and letters that tell the answer's language, for the warning (a guess; English wins
+# ties); Spanish first among the rest, as most answers that are not English here are
+_HINTS: dict[str, tuple[frozenset[str], str]] = {
+    "en": (
+        frozenset(
+            "the an of to is are your you for with this that it and price costs hello thanks"
+            " can have".split()
+        ),
+        "",
+    ),
+    "es": (
+        frozenset(
+            "el la los las de del que por para con una un es está son su tu usted y pesos"
+            " millones mil precio cuesta hola gracias puedes tienes".split()
+        ),
+        "¿¡ñáéíóú",
+    ),
+    "fr": (
+        frozenset(
+            "le la les des du que pour avec une est sont votre vous et prix coûte bonjour"
+            " merci ce cette nous".split()
+        ),
+        "àâçèéêëîïôûùœ",
+    ),
+    "pt": (
+        frozenset(
+            "o os as do da que por para com uma um é são seu sua você e preço custa olá"
+            " obrigado não".split()
+        ),
+        "ãõçáéíóúâê",
+    ),
+    "de": (
+        frozenset(
+            "der die das und ist sind ihr sie für mit ein eine preis kostet hallo danke nicht"
+            " wir".split()
+        ),
+        "äöüß",
+    ),
+}
 
 
 def _language(text: str) -> str:
-    words = re.findall(r"[^\W\d_]+", text.lower())
-    es = sum(w in _ES_HINTS for w in words) + 2 * len(re.findall(r"[¿¡ñáéíóú]", text.lower()))
-    en = sum(w in _EN_HINTS for w in words)
-    return "es" if es > en else "en"
+    lowered = text.lower()
+    words = re.findall(r"[^\W\d_]+", lowered)
+    scores = {
+        lang: sum(w in hints for w in words) + sum(lowered.count(c) for c in letters)
+        for lang, (hints, letters) in _HINTS.items()
+    }
+    best = max(scores, key=lambda lang: scores[lang])  # the first of a tie: English
+    return best if scores[best] > scores["en"] else "en"
 
 
 def check(answer: str, tool_results: list[str]) -> GroundingReport:
@@ -409,6 +444,24 @@ _MESSAGES = {
         "Por favor, confirma estos montos antes de usarlos: {}.",
         " y ",
         "{} más",
+    ),
+    "fr": (
+        "Merci de confirmer ce montant avant de vous y fier : {}.",
+        "Merci de confirmer ces montants avant de vous y fier : {}.",
+        " et ",
+        "{} de plus",
+    ),
+    "pt": (
+        "Por favor, confirme este valor antes de confiar nele: {}.",
+        "Por favor, confirme estes valores antes de confiar neles: {}.",
+        " e ",
+        "mais {}",
+    ),
+    "de": (
+        "Bitte bestätigen Sie diesen Betrag, bevor Sie sich darauf verlassen: {}.",
+        "Bitte bestätigen Sie diese Beträge, bevor Sie sich darauf verlassen: {}.",
+        " und ",
+        "{} weitere",
     ),
 }
 
