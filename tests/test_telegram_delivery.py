@@ -511,3 +511,19 @@ def test_a_reply_files_name_is_shown_as_it_is(name: str, url: str, html: str) ->
 
     reply = Reply(text="hi", attachments=(Attachment(kind="document", name=name, url=url),))
     assert _chunks(reply, "s") == [(f"hi\n\n{html}", f"hi\n\n{name}")]
+
+
+async def test_what_delivery_remembers_of_blocked_chats_is_bounded(tmp_path: Path) -> None:
+    """It remembered every chat it ever sent to, for good."""
+    from channels.telegram import outbound
+
+    store = SqliteStore(tmp_path / "s.db")
+    await store.start()
+    try:
+        delivery = outbound.Delivery(None, store, None)  # type: ignore[arg-type]
+        for chat in range(outbound.BLOCKED_KEEP + 500):
+            key = SessionKey("default", "telegram", "123456789", str(chat))
+            await delivery._check_blocked(key, chat, 1)
+        assert len(delivery._blocked) == outbound.BLOCKED_KEEP
+    finally:
+        await store.aclose()

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 CALLBACK_NS = "telegram_cb"  # long button values, by the short id sent as callback_data
 CALLBACK_PREFIX = "sb:"
 BLOCKED_NS = "telegram_blocked"  # chat id → when Telegram said the bot was blocked
+BLOCKED_KEEP = 10_000  # chats whose blocked state is remembered here (the store has them all)
 PROGRESS_NS = "telegram_progress"  # part id → chunks already delivered
 MIGRATED_NS = "telegram_migrated"  # group chat id → its supergroup's chat id
 PROGRESS_KEEP = 1000  # parts whose progress is also kept in memory
@@ -53,7 +54,9 @@ class Delivery:
     def __init__(self, client: TelegramClient, store: Store, live: Live) -> None:
         self._client, self._store, self._live = client, store, live
         self._progress: LRUCache[int, _Progress] = LRUCache(PROGRESS_KEEP)
-        self._blocked: dict[int, tuple[float, int] | None] = {}  # chat → (since, by part)
+        # chat → (since, by part), or None: not blocked; the chats sent to lately (it grew
+        # with every chat ever answered)
+        self._blocked: LRUCache[int, tuple[float, int] | None] = LRUCache(BLOCKED_KEEP)
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         chat = await self._chat(int(key.conversation))
