@@ -301,3 +301,10 @@ async def test_a_page_gets_every_reply_whichever_replica_runs_the_turn(
             assert r.status_code == 202, r.text
     for tab in tabs:
         assert await asyncio.wait_for(tab, 30) == [f"echo: s7-m{m}" for m in range(3)]
+    # the news travelled; nothing stays behind (a row per conversation and start did)
+    conn = await asyncpg.connect(cluster.url)  # type: ignore[attr-defined]
+    try:
+        kept = "SELECT count(*) FROM channel_state WHERE namespace = 'web.replies'"
+        assert await conn.fetchval(kept) == 0
+    finally:
+        await conn.close()

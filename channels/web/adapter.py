@@ -43,7 +43,7 @@ OUTPUT_RULES = (
 _SECRET = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
 _COMMAND = re.compile(r"^/([a-z][a-z0-9_]{0,31})(?:\s|$)", re.IGNORECASE)  # phones: /Reset
 QUEUE_SIZE = 1000
-NS_REPLIES = "web.replies"  # "<replica> <session key>" -> its newest reply part, announced
+NS_REPLIES = "web.replies"  # "<replica> <session key>": a reply was sent (announced only)
 SHOWN_MAX = 20_000  # reply ids this replica has put on its streams
 CATCH_UP = 20  # transcript entries read for a reply sent by another replica
 
@@ -196,8 +196,10 @@ class WebChat:
             )
         if self._relay is not None:
             try:
+                # the announcement is all that is wanted: announced as a delete, nothing is
+                # kept (a row per web conversation and replica start grew for good)
                 where = f"{self._origin} {key}"
-                await self._relay.kv_set(NS_REPLIES, where, str(part.id), announce=True)
+                await self._relay.kv_delete(NS_REPLIES, where, announce=True)
             except StoreError as exc:  # the reply is stored; a page elsewhere sees it on reload
                 log.warning("web reply not announced to other replicas: %s", exc)
         return shown

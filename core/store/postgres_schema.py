@@ -148,4 +148,9 @@ V5 = """
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS not_before DOUBLE PRECISION;
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)]
+# v6: the web chat's announcements keep no rows (one per conversation and start was kept)
+V6 = """
+DELETE FROM channel_state WHERE namespace = 'web.replies';
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)]

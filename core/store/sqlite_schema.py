@@ -102,4 +102,9 @@ V4 = """
 ALTER TABLE outbox ADD COLUMN not_before REAL;
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4)]
+# v5: the web chat's announcements keep no rows (one per conversation and start was kept)
+V5 = """
+DELETE FROM channel_state WHERE namespace = 'web.replies';
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4), (5, V5)]
