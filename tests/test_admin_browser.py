@@ -169,6 +169,40 @@ async def test_operator_takes_over_a_conversation(
         _keep(screens)
 
 
+async def test_an_open_console_spaces_its_refreshes_and_skips_them_while_hidden(
+    tmp_path: Path, fake_openai: FakeOpenAI, chromium: Any
+) -> None:
+    """Every change refetched the session list 120 ms later: with a big store (each fetch
+    reads all history) one open tab kept a core busy."""
+    fake_openai.responder = lambda body: Text(f"echo: {last_user_text(body)}")
+    async with gateway(config(tmp_path, model_url=fake_openai.url)) as gw:
+        page, errors = await _page(chromium)
+        fetches: list[str] = []
+        page.on(
+            "request", lambda r: fetches.append(r.url) if "/admin/api/sessions?" in r.url else None
+        )
+        await page.goto(gw.url + "/admin")
+        await page.fill("#token", TOKEN)
+        await page.click("#login-submit")
+        await page.locator("#live.on").wait_for()
+        async with chat_browser(gw) as customer:
+            await page.wait_for_timeout(1500)
+            fetches.clear()
+            for n in range(12):  # a change every quarter second, for three seconds
+                await say(customer, f"message {n}")
+                await page.wait_for_timeout(250)
+            await page.locator(".session-item").first.wait_for()
+            assert 1 <= len(fetches) <= 5, fetches
+            await page.evaluate(
+                "Object.defineProperty(document, 'hidden', {value: true, configurable: true})"
+            )
+            fetches.clear()
+            await say(customer, "while hidden")
+            await page.wait_for_timeout(2500)
+            assert fetches == []
+        assert errors == []
+
+
 async def test_a_long_transcript_shows_earlier_messages_on_request(
     tmp_path: Path, chromium: Any
 ) -> None:
