@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 
 from core.errors import StoreError
+from gateway.keys import RUNTIME
 from tests.fake_openai import FakeOpenAI, Text, ToolCalls, last_user_text
 from tests.fake_slack import (
     BOT_USER,
@@ -135,6 +136,12 @@ async def test_retry_storm_is_answered_once(
     assert texts(slack.posted(DM)) == ["echo: only once"]
     assert len(fake_openai.requests) == 1
     assert [e.role for e in await gw.transcript(DM)] == ["user", "assistant"]
+    # what is remembered of a stored event is that it is done, not its finished task
+    inbound = gw.runner.app[RUNTIME].manager.outlets["slack"].inbound
+    assert list(inbound._seen.values()) == [None, None]  # its event id and its message id
+    assert (await gw.post(body)).status_code == 200
+    await asyncio.sleep(0.3)
+    assert len(fake_openai.requests) == 1
 
 
 async def test_a_retry_of_an_event_we_never_saw_is_still_answered(

@@ -201,7 +201,7 @@ class Inbound:
         incoming = parse_event(body, self._identity.user_id, self._threads)
         task = None if incoming is None else self.accept(incoming)
         if seen is not None:
-            self._seen[seen] = task
+            self._seen_as(seen, task)
         return task
 
     def on_action(self, payload: dict[str, Any]) -> asyncio.Task[bool] | None:
@@ -250,11 +250,23 @@ class Inbound:
         order = (msg.account, msg.conversation, msg.thread)  # a session, without building its key
         task = asyncio.create_task(self._complete(incoming, self._tails.get(order)))
         if remembered:
-            self._seen[msg.platform_id] = task
+            self._seen_as(msg.platform_id, task)
         self._tails[order] = task
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._done(order, t))
         return task
+
+    def _seen_as(self, seen: str, task: asyncio.Task[bool] | None) -> None:
+        """A copy of `seen` waits for `task`; once it has stored the message, the copy is done
+        at once (None), and the finished task is not kept (20,000 of them were)."""
+        self._seen[seen] = task
+        if task is not None:
+            task.add_done_callback(lambda t: self._stored_as(seen, t))
+
+    def _stored_as(self, seen: str, task: asyncio.Task[bool]) -> None:
+        stored = not task.cancelled() and task.exception() is None and task.result()
+        if stored and self._seen.get(seen) is task:
+            self._seen[seen] = None
 
     def _done(self, order: _Order, task: asyncio.Task[bool]) -> None:
         self._tasks.discard(task)
