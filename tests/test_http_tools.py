@@ -159,6 +159,29 @@ async def test_response_cap_timeout_and_http_errors(api: Api) -> None:
     assert missing["error"] == "HTTP 404"
 
 
+async def test_calls_share_one_certificate_context(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call built its own, reading the whole CA bundle (about 50 ms of CPU)."""
+    from core.agent import http_tools
+
+    built: list[object] = []
+    real = http_tools.httpx.create_ssl_context
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(http_tools.httpx, "create_ssl_context", counting)
+    http_tools._tls.cache_clear()
+    tool = _tool(api)
+    for _ in range(3):
+        result = await tool.call("order", '{"order_id": "A"}', CTX)
+        assert result.ok
+    assert len(built) == 1
+    http_tools._tls.cache_clear()
+
+
 async def test_private_addresses_are_refused_unless_allowed(api: Api) -> None:
     result = await _tool(api, allow_private=False).call("order", '{"order_id": "A"}', CTX)
     assert result.error == "failed"
