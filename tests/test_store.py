@@ -1071,3 +1071,35 @@ async def test_prune_deletes_only_what_is_over(store: Store) -> None:
     assert S1 in sessions
     assert leased in sessions
     assert {r[0] for r in await query(store, "SELECT key FROM sessions")} == sessions - {S1}
+
+
+async def test_the_console_lists_from_the_newest_rows_what_a_full_read_would(
+    store: Store,
+) -> None:
+    """The session list read every row ever stored (once a second while a console was
+    open); it reads the newest rows and the sessions waiting for an operator, and must list
+    exactly what reading everything would, in the same order."""
+    from core.store.admin import console
+
+    admin = console(store)
+    paused = "default:web:default:paused"
+    await turn(store, paused, "old", "answer")
+    await store.set_state(paused, {"handoff": {"reason": "r", "at": 1.0, "run": None}})
+    held = "default:web:default:held"
+    await store.put_inbound(held, msg(text="for a person", conversation="held"), 100)
+    await store.hold_pending(held)
+    for n in range(60):
+        await turn(store, f"default:web:default:s{n:02d}", f"q{n}", f"a{n}")
+    hot = "default:web:default:hot"
+    for n in range(40):  # the newest rows are all one session's
+        await turn(store, hot, f"h{n}", f"ha{n}")
+    await store.enqueue_replies("default:web:default:notice", [Reply(text="a notice")])
+
+    for limit, offset in ((10, 0), (10, 10), (25, 40), (200, 0)):
+        listed = [r.key for r in await admin.sessions(limit, offset=offset)]
+        everything = [r.key for r in await admin._sessions("", (limit, offset))]
+        assert listed == everything, (limit, offset)
+    first = [r.key for r in await admin.sessions(5)]
+    assert first[:2] == sorted([paused, held], key=first.index)  # waiting for an operator
+    assert first[2:4] == ["default:web:default:notice", hot]
+    assert len(await admin._candidates(5) or ()) < 64  # not every session

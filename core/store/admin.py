@@ -160,6 +160,7 @@ def _count(status: str) -> str:
     return f"sum(CASE WHEN status = '{status}' THEN 1 ELSE 0 END)"
 
 
+CANDIDATES_MAX = 5_000  # sessions asked for (limit + offset) that are read from the newest rows
 _SESSIONS = f"""
 WITH i AS (
   SELECT session, max(received_at) AS last_in, count(*) AS messages,
@@ -229,7 +230,14 @@ class Console(ABC):
         sessions whose key, or a message of which, contains it (a name, a phone number, a
         chat id, words the customer wrote)."""
         if not query:
-            return await self._sessions("", (limit, offset))
+            candidates = await self._candidates(limit + offset)
+            if candidates is None:  # a page that deep: every session is read
+                return await self._sessions("", (limit, offset))
+            if not candidates:
+                return []
+            return await self._sessions(
+                "", (*candidates, *candidates, *candidates, limit, offset), among=len(candidates)
+            )
         # in the text, the sender's name and id (not the stored JSON's field names and
         # ids); lowercased as the databases lowercase (ASCII only); a phone number as its
         # digits ("+1 555-000 0003" finds 15550000003)
@@ -242,12 +250,47 @@ class Console(ABC):
         rows = await self._sessions(key, (key, key, key, 1, 0))
         return rows[0] if rows else None
 
+    async def _candidates(self, want: int) -> tuple[str, ...] | None:
+        """The sessions the first `want` of the list are among, read from the newest rows
+        only (the list read every row ever stored, once a second while a console was open):
+        those waiting for an operator (held messages, paused), and the sessions of the
+        newest inbox and outbox rows, more of them until `want` sessions are found or no
+        row is left. None past CANDIDATES_MAX: the caller reads everything."""
+        if want > CANDIDATES_MAX:
+            return None
+        waiting = await self._fetch(
+            "SELECT session FROM inbox WHERE status IN ('held', 'unpaired')"
+            f" UNION SELECT key FROM sessions s WHERE {self.dialect.paused.format(col='s.state')}"
+        )
+        found = {r[0] for r in waiting}
+        newest = want * 4
+        while True:
+            recent = await self._fetch(
+                "SELECT session, count(*) FROM (SELECT session FROM inbox ORDER BY id DESC"
+                " LIMIT ?) AS i GROUP BY session",
+                (newest,),
+            )
+            sent = await self._fetch(
+                "SELECT session, count(*) FROM (SELECT session FROM outbox ORDER BY id DESC"
+                " LIMIT ?) AS o GROUP BY session",
+                (newest,),
+            )
+            seen = {r[0] for r in recent} | {r[0] for r in sent}
+            exhausted = all(sum(r[1] for r in rows) < newest for rows in (recent, sent))
+            if len(seen) >= want or exhausted or newest > CANDIDATES_MAX * 64:
+                break
+            newest *= 4
+        candidates = found | seen
+        # three lists of them are parameters: SQLite takes 32,766
+        return tuple(sorted(candidates)) if len(candidates) <= 10_000 else None
+
     async def _sessions(
-        self, key: str, args: tuple[Any, ...], *, matching: bool = False
+        self, key: str, args: tuple[Any, ...], *, matching: bool = False, among: int = 0
     ) -> list[SessionRow]:
+        marks = ", ".join("?" * among)
         sql = _SESSIONS.format(
-            where="WHERE session = ?" if key else "",
-            where_key="WHERE key = ?" if key else "",
+            where="WHERE session = ?" if key else f"WHERE session IN ({marks})" if among else "",
+            where_key="WHERE key = ?" if key else f"WHERE key IN ({marks})" if among else "",
             now=self.dialect.now,
             paused=self.dialect.paused.format(col="s.state"),
             matching=_MATCHING.format(

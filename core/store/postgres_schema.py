@@ -153,4 +153,18 @@ V6 = """
 DELETE FROM channel_state WHERE namespace = 'web.replies';
 """
 
-MIGRATIONS: list[tuple[int, str]] = [(1, V1), (2, V2), (3, V3), (4, V4), (5, V5), (6, V6)]
+# v7: the console's session list reads the sessions it shows, not every row (by index)
+V7 = """
+CREATE INDEX IF NOT EXISTS inbox_waiting ON inbox (session) WHERE status IN ('held', 'unpaired');
+CREATE INDEX IF NOT EXISTS outbox_session ON outbox (session, id);
+"""
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (1, V1),
+    (2, V2),
+    (3, V3),
+    (4, V4),
+    (5, V5),
+    (6, V6),
+    (7, V7),
+]
