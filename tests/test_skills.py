@@ -530,6 +530,61 @@ async def test_a_child_cannot_leave_the_process_group_to_outlive_the_call(
     assert (folder / "beat").read_text() == last  # nobody writes it any more
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no filter here")
+async def test_process_groups_work_and_a_child_in_its_own_group_is_killed_too(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """`timeout` makes its own process group (refusing setpgid broke it); a child that moves to
+    a new group stays in the script's session, which is killed whole."""
+    make_skill(
+        tmp_path,
+        "groups",
+        """
+        import json, os, subprocess, sys, time
+        rc = subprocess.run(["timeout", "0.5", "sleep", "3"]).returncode
+        if os.fork() == 0:
+            os.setpgid(0, 0)
+            while True:
+                open("beat", "w").write(str(time.time()))
+                time.sleep(0.05)
+        while not os.path.exists("beat"):
+            time.sleep(0.01)
+        print(json.dumps({"timeout": rc}))
+        """,
+    )
+    result = await run(without_netns(tool_for(tmp_path, workspace)), "groups")
+    assert json.loads(result.content) == {"timeout": 124}
+    folder = session_workdir(workspace, CTX.session)
+    await asyncio.sleep(0.3)
+    last = (folder / "beat").read_text()
+    await asyncio.sleep(0.3)
+    assert (folder / "beat").read_text() == last
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="no filter here")
+async def test_a_script_cannot_reach_into_the_gateway(tmp_path: Path, workspace: Path) -> None:
+    """pidfd_getfd copied the gateway's open sockets (its database and platform connections)
+    into a script, network or not."""
+    make_skill(
+        tmp_path,
+        "reach",
+        """
+        import ctypes, json, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        parent = os.getppid()
+        ptrace = 101 if os.uname().machine == "x86_64" else 117
+        tried = {}
+        for name, call in (("pidfd_open", (434, parent, 0)), ("ptrace", (ptrace, 16, parent))):
+            libc.syscall(*call, 0, 0)  # PTRACE_ATTACH is 16
+            tried[name] = ctypes.get_errno()
+        print(json.dumps(tried))
+        """,
+        network=True,
+    )
+    result = await run(tool_for(tmp_path, workspace), "reach")
+    assert json.loads(result.content) == {"pidfd_open": 1, "ptrace": 1}  # EPERM
+
+
 def test_the_filter_exists_only_for_known_machines() -> None:
     assert seccomp.program(network=False, machine="riscv64") is None
     for machine in ("x86_64", "aarch64"):

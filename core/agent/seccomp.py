@@ -3,8 +3,10 @@
 The filter is inherited by everything the script starts and cannot be lifted, so it holds
 where replacing Python's socket functions does not (`import _socket`, a child process, C
 code). It refuses, with EPERM:
-- `setsid` and `setpgid`: a script cannot leave its process group, which is killed whole when
-  the call ends (a double fork with `setsid` outlived it);
+- `setsid`: a script cannot leave its session, whose processes are all killed when the call
+  ends (a double fork with `setsid` outlived it); process groups are free (`timeout` uses one);
+- `pidfd_open`, `pidfd_getfd`, `ptrace`, `process_vm_readv` and `process_vm_writev`: another
+  process's descriptors and memory, the gateway's own open connections among them;
 - without network: `socket` for anything but AF_UNIX, and `io_uring_setup` (io_uring opens
   sockets without the socket call).
 Any other architecture than the one the filter was built for kills the process (a 32-bit
@@ -39,15 +41,19 @@ class _Arch(NamedTuple):
     audit: int  # AUDIT_ARCH_*, as seccomp_data.arch holds it
     socket: int
     setsid: int
-    setpgid: int
+    ptrace: int
+    process_vm: tuple[int, int]  # process_vm_readv, process_vm_writev
     x32: bool
 
 
 _ARCHES = {
-    "x86_64": _Arch(0xC000003E, socket=41, setsid=112, setpgid=109, x32=True),
-    "aarch64": _Arch(0xC00000B7, socket=198, setsid=157, setpgid=154, x32=False),
+    "x86_64": _Arch(0xC000003E, socket=41, setsid=112, ptrace=101, process_vm=(310, 311), x32=True),
+    "aarch64": _Arch(
+        0xC00000B7, socket=198, setsid=157, ptrace=117, process_vm=(270, 271), x32=False
+    ),
 }
-_IO_URING_SETUP = 425  # the same on both
+# the same on both: io_uring_setup, pidfd_open, pidfd_getfd
+_IO_URING_SETUP, _PIDFD_OPEN, _PIDFD_GETFD = 425, 434, 438
 
 
 def program(*, network: bool, machine: str | None = None) -> bytes | None:
@@ -55,7 +61,8 @@ def program(*, network: bool, machine: str | None = None) -> bytes | None:
     arch = _ARCHES.get(machine or platform.machine())
     if arch is None:
         return None
-    refused = [arch.setsid, arch.setpgid] + ([] if network else [_IO_URING_SETUP])
+    refused = [arch.setsid, arch.ptrace, *arch.process_vm, _PIDFD_OPEN, _PIDFD_GETFD]
+    refused += [] if network else [_IO_URING_SETUP]
     # each entry: (opcode, k, jump-if-true label, jump-if-false label); labels are the
     # three returns at the end, None is the next instruction
     code: list[tuple[int, int, str | None, str | None]] = [

@@ -9,7 +9,8 @@ and, unless the skill declares `network: true`, no network: a bootstrap replaces
 points before the script runs, and where the system allows it the process also gets an empty
 network namespace (`unshare`). Where the kernel takes one (x86_64, aarch64; containers too), a
 seccomp filter (core.agent.seccomp), inherited by everything the script starts, refuses sockets
-other than AF_UNIX to scripts without network and leaving the process group to every script.
+other than AF_UNIX to scripts without network, and to every script leaving its session and
+reaching into another process (the gateway's open connections).
 """
 
 from __future__ import annotations
@@ -393,8 +394,29 @@ def _environment(workdir: Path, skill: Skill) -> dict[str, str]:
 
 
 def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill the script's whole session (it was started as a session leader, and the filter
+    refuses setsid): its process group, and any group a child made (`timeout` makes one)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for pid in _session_members(proc.pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _session_members(sid: int) -> list[int]:
+    """The processes of session `sid`, from /proc (none where there is no /proc)."""
+    members = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 3 and int(fields[3]) == sid:  # after ")": state ppid pgrp session
+            members.append(int(entry.name))
+    return members
 
 
 def _tail(err: bytes, lines: int = 3) -> str:
