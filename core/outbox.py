@@ -87,6 +87,9 @@ class Outbox:
         if part.not_before is not None and (wait := part.not_before - time.time()) > 0:
             # a retry_after (or backoff) given before a restart: still owed
             await asyncio.sleep(min(wait, self._policy.retry_for_s))
+            if fence is not None and not await fence():  # the wait may outlast the lease
+                log.info("reply part %d left to the session's new holder", part.id, extra=extra)
+                return False
         while True:
             if failures and fence is not None and not await fence():
                 log.info("reply part %d left to the session's new holder", part.id, extra=extra)

@@ -455,13 +455,13 @@ async def test_followup_with_debounce_merges_a_burst_and_answers_later_messages_
 ) -> None:
     """DESIGN §2: debounce merges the bursts people type; followup gives each queued message
     its own turn. A burst is messages each within the window of the one before."""
-    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, debounce_s=0.15, delay_s=0.3)
-    for word in ("so", "about", "my bike"):
+    rig: Rig = await make_rig(mode=QueueMode.FOLLOWUP, debounce_s=0.4, delay_s=0.6)
+    for word in ("so", "about", "my bike"):  # a loaded machine may take a while to store one
         await rig.manager.submit(msg(word))
         await asyncio.sleep(0.03)
-    await asyncio.sleep(0.25)  # during the burst's turn
+    await asyncio.sleep(0.6)  # during the burst's turn
     await rig.manager.submit(msg("one more"))
-    await asyncio.sleep(0.3)  # more than the window after it
+    await asyncio.sleep(0.8)  # more than the window after it
     await rig.manager.submit(msg("and another"))
     await settle(rig)
     assert rig.outlet.texts() == [

@@ -209,9 +209,10 @@ class PostgresStore:
     @contextlib.asynccontextmanager
     async def _conn(self, *, tx: bool = False) -> AsyncIterator[asyncpg.Connection]:
         """A pooled connection for one store call, which ends within STATEMENT_TIMEOUT_S
-        however many statements it makes. A call that times out or is cancelled drops its
-        connection: handing it back would wait for the server to cancel the statement, a
-        second timeout when the server has stalled."""
+        however many statements it makes. A call that times out drops its connection:
+        handing it back would wait for the server to cancel the statement, a second timeout
+        when the server has stalled (a call cancelled otherwise hands it back, as asyncpg
+        cancels the statement)."""
         if self._pool is None:
             raise StoreError("store is not running")
         pool, c = self._pool, None
@@ -223,14 +224,12 @@ class PostgresStore:
                         yield c
                 else:
                     yield c
-        except (TimeoutError, asyncio.CancelledError) as exc:
-            if c is not None:
+        except TimeoutError as exc:
+            if c is not None:  # the server stopped answering: not handed back to wait on it
                 c.terminate()
-            if isinstance(exc, TimeoutError):
-                raise StoreError(
-                    f"store operation failed: no answer within {STATEMENT_TIMEOUT_S:g} s"
-                ) from exc
-            raise
+            raise StoreError(
+                f"store operation failed: no answer within {STATEMENT_TIMEOUT_S:g} s"
+            ) from exc
         except DRIVER_ERRORS as exc:
             raise StoreError(f"store operation failed: {str(exc) or type(exc).__name__}") from exc
         finally:
