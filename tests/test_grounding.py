@@ -148,6 +148,27 @@ def test_no_range_where_there_is_none(text: str, values: list[str]) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "values"),
+    [
+        ("The double room is $120 - 3 nights minimum.", ["120"]),
+        ("It's $25 a 2-hour session.", ["25"]),
+        ("Summer 2025 – 120 EUR per person.", ["120"]),
+        ("Annual membership: €60 — 2025 season.", ["60"]),
+        ("Tickets are $15 - 7 days a week.", ["15"]),
+        ("Gate 4 - 35 USD per bag.", ["35"]),
+        ("Table for 6 - 180 USD total.", ["180"]),
+        ("Price $80 – 10 minutes from the beach.", ["80"]),
+        ("$30 to 2 people", ["30"]),
+    ],
+)
+def test_counts_years_and_labels_beside_an_amount_are_no_range(
+    text: str, values: list[str]
+) -> None:
+    """Each was read as a range, and the person was asked to confirm an amount never said."""
+    assert [a.value for a in extract_amounts(text)] == [Decimal(v) for v in values]
+
+
+@pytest.mark.parametrize(
     ("text", "value"),
     [
         ("1 400 €", "1400"),

@@ -123,13 +123,27 @@ _FREE_NUMBER = rf"(?<![\w.,:/]){_NUMBER}"
 _JOIN = (
     rf"(?P<join>{_SP}*{_DASH}{_SP}*|{_SP}+(?P<word>(?i:to|a|hasta|bis|à|au|and|y|et|und)){_SP}+)"
 )
-_BETWEEN = r"(?i:between|entre|zwischen)"
-_AND = frozenset({"and", "y", "et", "und"})  # a range only after "between"
-_NEXT = re.compile(rf"{_JOIN}(?P<n>{_NUMBER})(?P<s>{_SCALE})?{_NOT_LETTER}")
-_BEFORE = re.compile(
-    rf"(?P<between>{_BETWEEN}{_SP}+)?(?<!\d{_DASH})(?P<n>{_FREE_NUMBER})(?P<s>{_SCALE})?{_JOIN}$"
+_BETWEEN = r"(?i:between|entre|zwischen|from|de|desde|von)"
+# joiners that make a range only after a word that opens one: "between 5 and 8", "de 5 a 8"
+_OPENED = {"and": "between", "y": "entre", "et": "entre", "und": "zwischen", "a": "de desde"}
+# what a count is of, not money: "$120 - 3 nights", "$25 for a 2-hour ride"
+_UNITS = (
+    r"(?i:nights?|days?|hours?|hrs?|minutes?|mins?|weeks?|months?|years?|people|persons?|guests?"
+    r"|pax|times|seats?|rooms?|noches?|d[ií]as?|horas?|minutos?|semanas?|meses|años?|personas?"
+    r"|nuits?|jours?|heures?|personnes?|noites?|pessoas?|n[aä]chte|tage|stunden|minuten"
+    r"|personen)"
 )
-_BETWEEN_BEFORE = re.compile(rf"{_BETWEEN}{_SP}+\Z")
+_NEXT = re.compile(
+    rf"{_JOIN}(?P<n>{_NUMBER})(?P<s>{_SCALE})?{_NOT_LETTER}"
+    rf"(?!{_SP}*{_UNITS}{_NOT_LETTER})(?!-[^\W\d_])"
+)
+_BEFORE = re.compile(
+    rf"(?:(?P<opener>{_BETWEEN}){_SP}+)?(?<!\d{_DASH})(?P<n>{_FREE_NUMBER})(?P<s>{_SCALE})?"
+    rf"{_JOIN}$"
+)
+_OPENER_BEFORE = re.compile(rf"(?P<opener>{_BETWEEN}){_SP}+\Z")
+_WORD_BEFORE = re.compile(r"[^\W\d_]+[ \t\u00a0]*\Z")  # "Gate 4 - 35 USD": no range
+_YEAR = re.compile(r"(?:19|20)\d\d")  # "Summer 2025 – 120 EUR", "€60 — 2025 season"
 _RANGE_REACH = 80  # how far before a suffixed amount its range's start may be
 
 _AMOUNT = re.compile(
@@ -259,26 +273,44 @@ def _scaled(amount: Amount, scale: int) -> Amount:
     return replace(amount, value=value, quantum=quantum, scale=scale)
 
 
+def _opened(word: str | None, opener: str | None) -> bool:
+    """Whether a joiner makes a range: a dash, "to"... always; "and", "a"... only after the
+    word that opens such a range."""
+    needs = _OPENED.get((word or "").lower())
+    return needs is None or (opener is not None and opener.lower() in needs.split())
+
+
+def _a_range(first: Amount, last: Amount, numbers: tuple[str, str]) -> bool:
+    """Two amounts read as a range: ascending, and neither a year."""
+    return first.value < last.value and not any(_YEAR.fullmatch(n) for n in numbers)
+
+
 def _range_end(text: str, m: re.Match[str], first: Amount) -> Amount | None:
     """The other end of a range `m` starts (`$60-600`, `between USD 60 and 600`)."""
     nxt = _NEXT.match(text, m.end())
     if nxt is None:
         return None
-    if (nxt["word"] or "").lower() in _AND and not _BETWEEN_BEFORE.search(text, 0, m.start()):
+    opener = _OPENER_BEFORE.search(text, 0, m.start())
+    if not _opened(nxt["word"], opener["opener"] if opener else None):
         return None
-    return _amount(nxt["n"], nxt["s"], first.currency, nxt)
+    last = _amount(nxt["n"], nxt["s"], first.currency, nxt)
+    if last is None or not _a_range(first, last, (m["n1"] or "", nxt["n"])):
+        return None
+    return last
 
 
 def _range_start(text: str, m: re.Match[str], last: Amount) -> tuple[Amount, int] | None:
     """The start of a range `m` ends (`5-8 USD`, `entre 1.000 y 9.999 euros`), and where the
     range's text starts."""
     before = _BEFORE.search(text, max(0, m.start() - _RANGE_REACH), m.start())
-    if before is None:
+    if before is None or not _opened(before["word"], before["opener"]):
         return None
-    if (before["word"] or "").lower() in _AND and before["between"] is None:
-        return None
+    if before["opener"] is None and _WORD_BEFORE.search(text, 0, before.start("n")):
+        return None  # "Gate 4 - 35 USD", "table for 6 - 180 USD": a count, then the price
     first = _amount(before["n"], before["s"], last.currency, before)
-    return None if first is None else (first, before.start("n"))
+    if first is None or not _a_range(_scaled(first, last.scale), last, (before["n"], m["n2"])):
+        return None
+    return first, before.start("n")
 
 
 def extract_amounts(text: str) -> list[Amount]:
