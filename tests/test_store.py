@@ -1103,3 +1103,46 @@ async def test_the_console_lists_from_the_newest_rows_what_a_full_read_would(
     assert first[:2] == sorted([paused, held], key=first.index)  # waiting for an operator
     assert first[2:4] == ["default:web:default:notice", hot]
     assert len(await admin._candidates(5) or ()) < 64  # not every session
+
+
+def test_processes_migrating_one_old_database_at_once_apply_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening a database from before an ALTER TABLE: one failed with
+    "duplicate column name" (the version was read before the lock was taken)."""
+    import threading
+
+    from core.store.sqlite_schema import MIGRATIONS
+
+    for n in range(10):
+        path = tmp_path / f"old{n}.db"
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+            monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS[:3])
+            sqlite_module._migrate(conn)
+        monkeypatch.setattr(sqlite_module, "MIGRATIONS", MIGRATIONS)
+        errors: list[BaseException] = []
+        start = threading.Barrier(2)
+
+        def open_it(
+            path: Path = path,
+            start: threading.Barrier = start,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            with contextlib.closing(
+                sqlite3.connect(path, isolation_level=None, timeout=10)
+            ) as conn:
+                start.wait()
+                try:
+                    sqlite_module._migrate(conn)
+                except BaseException as exc:
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=open_it) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
+        assert sorted(versions) == [v for v, _ in MIGRATIONS]

@@ -1016,17 +1016,25 @@ def _checkpoint(conn: sqlite3.Connection) -> int:
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Apply the migrations this file has not seen. Each runs in its own transaction and
-    records its version only if absent, so processes starting together cannot double-apply."""
+    """Apply the migrations this file has not seen. Each runs in its own transaction, which
+    first looks whether another process starting at the same time applied it (an ALTER TABLE
+    run twice fails)."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     current = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()[0]
     for version, script in MIGRATIONS:
         if version <= current:
             continue
-        conn.executescript(
-            f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_version (version) SELECT {version}"
-            f" WHERE NOT EXISTS (SELECT 1 FROM schema_version WHERE version = {version});\nCOMMIT;"
-        )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = "SELECT 1 FROM schema_version WHERE version = ?"
+            if conn.execute(done, (version,)).fetchone() is None:
+                for statement in filter(str.strip, script.split(";")):  # none holds a ";"
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
 
 def _kv_put(c: sqlite3.Connection, namespace: str, key: str, value: str) -> None:
