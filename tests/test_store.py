@@ -1146,3 +1146,25 @@ def test_processes_migrating_one_old_database_at_once_apply_each_step_once(
         with contextlib.closing(sqlite3.connect(path)) as conn:
             versions = [r[0] for r in conn.execute("SELECT version FROM schema_version")]
         assert sorted(versions) == [v for v, _ in MIGRATIONS]
+
+
+async def test_the_console_reads_further_back_when_the_newest_rows_cover_other_times(
+    store: Store,
+) -> None:
+    """The newest messages were sent an hour ago, the newest replies now: the list stopped at
+    as many sessions as it was asked for, and left out one answered in between."""
+    from core.store.admin import console
+
+    x, a, b = (f"default:web:default:{n}" for n in ("x", "a", "b"))
+    hour_ago = time.time() - 3600
+    await store.put_inbound(x, msg(text="x", conversation="x", received_at=hour_ago - 100), 100)
+    await store.put_inbound(b, msg(text="b", conversation="b", received_at=hour_ago - 50), 100)
+    for n in range(8):  # the newest inbox rows, all an hour old
+        await store.put_inbound(
+            a, msg(text=f"a{n}", conversation="a", received_at=hour_ago + n), 100
+        )
+    await store.enqueue_replies(x, [Reply(text="an operator's reply")])
+    await store.enqueue_replies(b, [Reply(text=f"part {n}") for n in range(8)])
+    admin = console(store)
+    assert [r.key for r in await admin.sessions(2)] == [b, x]
+    assert [r.key for r in await admin._sessions("", (2, 0))] == [b, x]

@@ -254,7 +254,8 @@ class Console(ABC):
         """The sessions the first `want` of the list are among, read from the newest rows
         only (the list read every row ever stored, once a second while a console was open):
         those waiting for an operator (held messages, paused), and the sessions of the
-        newest inbox and outbox rows, more of them until `want` sessions are found or no
+        newest inbox and outbox rows, read further back until `want` of them were active at
+        or after the oldest row read (a session not seen was last active before it), or no
         row is left. None past CANDIDATES_MAX: the caller reads everything."""
         if want > CANDIDATES_MAX:
             return None
@@ -262,25 +263,25 @@ class Console(ABC):
             "SELECT session FROM inbox WHERE status IN ('held', 'unpaired')"
             f" UNION SELECT key FROM sessions s WHERE {self.dialect.paused.format(col='s.state')}"
         )
-        found = {r[0] for r in waiting}
         newest = want * 4
         while True:
-            recent = await self._fetch(
-                "SELECT session, count(*) FROM (SELECT session FROM inbox ORDER BY id DESC"
-                " LIMIT ?) AS i GROUP BY session",
-                (newest,),
-            )
-            sent = await self._fetch(
-                "SELECT session, count(*) FROM (SELECT session FROM outbox ORDER BY id DESC"
-                " LIMIT ?) AS o GROUP BY session",
-                (newest,),
-            )
-            seen = {r[0] for r in recent} | {r[0] for r in sent}
-            exhausted = all(sum(r[1] for r in rows) < newest for rows in (recent, sent))
-            if len(seen) >= want or exhausted or newest > CANDIDATES_MAX * 64:
+            last: dict[str, float] = {}
+            since = float("-inf")  # every session not seen was last active before this
+            for table, at in (("inbox", "received_at"), ("outbox", "created_at")):
+                rows = await self._fetch(
+                    f"SELECT session, count(*), max(t), min(t) FROM (SELECT session, {at} AS t"
+                    f" FROM {table} ORDER BY id DESC LIMIT ?) AS w GROUP BY session",
+                    (newest,),
+                )
+                for session, _, latest, _ in rows:
+                    last[session] = max(last.get(session, float("-inf")), latest)
+                if sum(r[1] for r in rows) == newest:  # rows are left further back
+                    since = max(since, min(r[3] for r in rows))
+            settled = sum(1 for t in last.values() if t >= since)
+            if settled >= want or since == float("-inf") or newest > CANDIDATES_MAX * 64:
                 break
             newest *= 4
-        candidates = found | seen
+        candidates = {r[0] for r in waiting} | set(last)
         # three lists of them are parameters: SQLite takes 32,766
         return tuple(sorted(candidates)) if len(candidates) <= 10_000 else None
 
