@@ -54,6 +54,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 CANCEL_WAIT_S = 5.0  # at shutdown, for cancelled tasks to stop
+REHOME_GRACE_S = 600.0  # with replicas: how long work of an agent unknown here waits for one
 
 
 class SessionManager:
@@ -285,7 +286,10 @@ class SessionManager:
             log.error("no agent %r for session %s; its messages stay pending", key.agent, key)
             return
         try:
-            messages, parts = await self.store.move_work(str(key), str(new))
+            # with replicas, one still on the old configuration may not know a new agent
+            # (a rolling deploy): only work left that long is taken for abandoned
+            grace = REHOME_GRACE_S if isinstance(self.store, NotifyingStore) else 0.0
+            messages, parts = await self.store.move_work(str(key), str(new), time.time() - grace)
         except StoreError as exc:
             log.warning("moving the work of a session without its agent failed: %s", exc)
             return

@@ -367,9 +367,10 @@ async def test_restart_answers_stored_unanswered_messages(
 
 
 async def test_work_of_an_agent_no_longer_served_moves_to_the_conversations_session(
-    store: SqliteStore, make_rig: Callable[..., Any]
+    store: SqliteStore, make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Its agent made a draft or removed: its messages stayed pending for good."""
+    monkeypatch.setattr("core.sessions.REHOME_GRACE_S", 0.0)  # see the next test
     gone = SessionKey("vip", "test", "default", "V")
     await store.enqueue_replies(str(gone), [Reply(text="vip's last words")])
     for i in range(2):
@@ -385,6 +386,22 @@ async def test_work_of_an_agent_no_longer_served_moves_to_the_conversations_sess
     # a session another replica holds (it still serves the agent) keeps its work
     assert len(await store.pending(str(SessionKey("vip", "test", "default", "L")))) == 1
     assert rig.outlet.texts(key("L")) == []
+
+
+async def test_with_replicas_fresh_work_of_an_agent_unknown_here_is_left_to_one_that_knows_it(
+    store: SqliteStore, make_rig: Callable[..., Any]
+) -> None:
+    """A rolling deploy: a replica on the old configuration moved a new agent's message to
+    the old one, which answered it."""
+    new_agent = SessionKey("vip", "test", "default", "N")
+    await store.put_inbound(str(new_agent), msg("for the new agent", "N"), 100)
+    rig: Rig = await make_rig()
+    await settle(rig)
+    if isinstance(store, SqliteStore):  # one process: unknown here is unknown everywhere
+        assert rig.outlet.texts(key("N")) == ["echo: for the new agent"]
+    else:
+        assert rig.outlet.texts(key("N")) == []
+        assert len(await store.pending(str(new_agent))) == 1
 
 
 async def test_overflow_gets_one_visible_notice_and_is_kept(make_rig: Callable[..., Any]) -> None:

@@ -298,10 +298,10 @@ class Store(Protocol):
     async def release_held(self, session: str) -> int:
         """Give held messages back to the bot (the operator handed the session back)."""
 
-    async def move_work(self, old: str, new: str) -> tuple[int, int]:
-        """Move a session's unanswered messages and undelivered reply parts to another session
-        (its agent is no longer served), in their order, unless a replica holds its lease;
-        returns how many of each."""
+    async def move_work(self, old: str, new: str, before: float) -> tuple[int, int]:
+        """Move a session's unanswered messages and undelivered reply parts stored before
+        `before` (unix time) to another session (its agent is no longer served), in their
+        order, unless a replica holds its lease; returns how many of each."""
 
     async def release_unpaired(self, channel: str, sender: str) -> int:
         """Queue the messages a person sent before the operator approved them."""

@@ -300,7 +300,7 @@ class PostgresStore:
                 await c.execute("SELECT pg_notify($1, $2)", self.inbox_channel, f"- {session}")
         return changed
 
-    async def move_work(self, old: str, new: str) -> tuple[int, int]:
+    async def move_work(self, old: str, new: str, before: float) -> tuple[int, int]:
         async with self._conn(tx=True) as c:
             # the session's row, locked: no replica takes its lease while the work moves
             await c.execute("INSERT INTO sessions (key) VALUES ($1) ON CONFLICT DO NOTHING", old)
@@ -312,11 +312,13 @@ class PostgresStore:
             if held:
                 return 0, 0
             moved = []
-            for table in ("inbox", "outbox"):
+            for table, at in (("inbox", "received_at"), ("outbox", "created_at")):
                 result = await c.execute(
-                    f"UPDATE {table} SET session = $1 WHERE session = $2 AND status = 'pending'",
+                    f"UPDATE {table} SET session = $1 WHERE session = $2 AND status = 'pending'"
+                    f" AND {at} < $3",
                     new,
                     old,
+                    before,
                 )
                 moved.append(int(result.split()[-1]))
             if any(moved):

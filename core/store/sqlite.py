@@ -404,7 +404,7 @@ class SqliteStore:
     async def release_held(self, session: str) -> int:
         return await self._set_status(session, "held", "pending")
 
-    async def move_work(self, old: str, new: str) -> tuple[int, int]:
+    async def move_work(self, old: str, new: str, before: float) -> tuple[int, int]:
         def op(c: sqlite3.Connection) -> tuple[int, int]:
             held = c.execute(
                 "SELECT 1 FROM sessions WHERE key = ? AND lease_owner IS NOT NULL"
@@ -415,10 +415,11 @@ class SqliteStore:
                 return 0, 0
             moved = [
                 c.execute(
-                    f"UPDATE {table} SET session = ? WHERE session = ? AND status = 'pending'",
-                    (new, old),
+                    f"UPDATE {table} SET session = ? WHERE session = ? AND status = 'pending'"
+                    f" AND {at} < ?",
+                    (new, old, before),
                 ).rowcount
-                for table in ("inbox", "outbox")
+                for table, at in (("inbox", "received_at"), ("outbox", "created_at"))
             ]
             return moved[0], moved[1]
 
