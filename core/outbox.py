@@ -18,6 +18,8 @@ from core.telemetry import NullTelemetry, Telemetry
 __all__ = ["DeliveryPolicy", "Outbox", "Outlet"]
 
 log = logging.getLogger(__name__)
+# our own generator: the global one is the test tools' (hypothesis checks it is untouched)
+_JITTER = random.Random()
 
 
 class Outlet(Protocol):
@@ -41,7 +43,7 @@ class DeliveryPolicy:
         if retry_after is not None:
             return max(float(retry_after), 0.0)
         backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 30), self.max_delay_s)
-        return backoff * (0.5 + random.random() / 2)  # jitter
+        return backoff * (0.5 + _JITTER.random() / 2)  # jitter
 
 
 class Outbox:

@@ -16,6 +16,8 @@ from core.errors import ModelError
 __all__ = ["RetryPolicy", "with_retries"]
 
 log = logging.getLogger(__name__)
+# our own generator: the global one is the test tools' (hypothesis checks it is untouched)
+_JITTER = random.Random()
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +31,7 @@ class RetryPolicy:
         if retry_after is not None:  # as asked: sooner only earns another 429
             return max(float(retry_after), 0.0)
         backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
-        return backoff * (0.5 + random.random() / 2)  # jitter, not crypto
+        return backoff * (0.5 + _JITTER.random() / 2)  # jitter, not crypto
 
 
 async def with_retries(
