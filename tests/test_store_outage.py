@@ -566,18 +566,10 @@ async def test_postgresql_stuck_on_the_inbox_is_not_ready_and_its_calls_end(
         await store.aclose()
 
 
-async def test_postgresql_stalled_ends_each_call_in_time_and_closes(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A server that stops answering (no error, no closed socket): the first webhook took two
-    statement timeouts to fail (the cancel asyncpg sends waited too), and SIGTERM never ended
-    the process (closing the pool waited for the server)."""
-    from core.models import InboundMessage, Sender
+async def _store_behind_a_proxy(pg_url: str) -> tuple[PgProxy, Any]:
+    """A started PostgresStore reaching `pg_url`'s database through a PgProxy."""
     from core.store.postgres import PostgresStore
 
-    monkeypatch.setattr("core.store.postgres.STATEMENT_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("core.store.postgres.ACQUIRE_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("core.store.postgres.CLOSE_TIMEOUT_S", 0.5)
     base = urlsplit(PG_BASE)
     proxy = PgProxy((base.hostname or "127.0.0.1", base.port or 5432))
     await proxy.up()
@@ -585,6 +577,24 @@ async def test_postgresql_stalled_ends_each_call_in_time_and_closes(
     user = (parts.username or "") + (f":{parts.password}" if parts.password else "")
     store = PostgresStore(urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}")))
     await store.start()
+    return proxy, store
+
+
+def _short_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("STATEMENT_TIMEOUT_S", "ACQUIRE_TIMEOUT_S", "CLOSE_TIMEOUT_S"):
+        monkeypatch.setattr(f"core.store.postgres.{name}", 0.5)
+
+
+async def test_postgresql_stalled_ends_each_call_in_time_and_closes(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that stops answering (no error, no closed socket): the first webhook took two
+    statement timeouts to fail (the cancel asyncpg sends waited too), and SIGTERM never ended
+    the process (closing the pool waited for the server)."""
+    from core.models import InboundMessage, Sender
+
+    _short_timeouts(monkeypatch)
+    proxy, store = await _store_behind_a_proxy(pg_url)
 
     def msg(n: int) -> InboundMessage:
         return InboundMessage(
@@ -616,21 +626,12 @@ async def test_shutdown_with_postgresql_stalled_mid_turn_ends_in_time(
     from core.agent.tools import ToolRegistry
     from core.models import InboundMessage, Sender
     from core.sessions import AgentProfile, SessionManager
-    from core.store.postgres import PostgresStore
     from tests.fakes import RecordingOutlet
     from tests.test_sessions import EchoModel
 
-    monkeypatch.setattr("core.store.postgres.STATEMENT_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("core.store.postgres.ACQUIRE_TIMEOUT_S", 0.5)
-    monkeypatch.setattr("core.store.postgres.CLOSE_TIMEOUT_S", 0.5)
+    _short_timeouts(monkeypatch)
     monkeypatch.setattr("core.sessions.CANCEL_WAIT_S", 0.5)
-    base = urlsplit(PG_BASE)
-    proxy = PgProxy((base.hostname or "127.0.0.1", base.port or 5432))
-    await proxy.up()
-    parts = urlsplit(pg_url)
-    user = (parts.username or "") + (f":{parts.password}" if parts.password else "")
-    store = PostgresStore(urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{proxy.port}")))
-    await store.start()
+    proxy, store = await _store_behind_a_proxy(pg_url)
     model = EchoModel(delay_s=0.5)
     loop = AgentLoop(model, ToolRegistry([]), Limits())
     profile = AgentProfile(name="default", instructions="x", loop=loop)
