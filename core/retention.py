@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.errors import StoreError
+from core.periodic import every
 from core.store.base import Store
 
 __all__ = ["Retention"]
@@ -50,23 +50,14 @@ class Retention:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._forever())
+        # must outlive any one failure
+        sweep = every(EVERY_S, self.sweep, "retention sweep", first_after_s=FIRST_SWEEP_S)
+        self._task = asyncio.create_task(sweep)
 
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-
-    async def _forever(self) -> None:
-        await asyncio.sleep(FIRST_SWEEP_S)
-        while True:  # must outlive any one failure
-            try:
-                await self.sweep()
-            except StoreError as exc:
-                log.warning("retention sweep failed, tried again in an hour: %s", exc)
-            except Exception:
-                log.exception("retention sweep failed, tried again in an hour")
-            await asyncio.sleep(EVERY_S)
 
     async def sweep(self, now: float | None = None) -> dict[str, int]:
         """Delete what is over; returns how many rows per table and "files"."""

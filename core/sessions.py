@@ -18,6 +18,7 @@ from core.access import AccessControl, AccessRule
 from core.errors import StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.outbox import DeliveryPolicy, Outbox, Outlet
+from core.periodic import every
 from core.policies import (
     HELP_REPLY,
     OVERFLOW_NOTICE,
@@ -110,9 +111,12 @@ class SessionManager:
         if isinstance(self.store, NotifyingStore):
             await self.store.listen(self._remote_arrival)
         await self._sweep()
-        self._sweeper = asyncio.create_task(self._sweep_forever(sweep_interval_s))
+        # both must outlive any one failure: a dead sweeper never resumes another replica's
+        # work, and leases would lapse under long model calls
+        self._sweeper = asyncio.create_task(every(sweep_interval_s, self._sweep, "sweep"))
         ttls = [p.policy.lease_ttl_s for p in self.agents.values()]
-        self._heartbeat = asyncio.create_task(self._renew_forever(min(ttls, default=15.0) / 3))
+        renew_s = min(ttls, default=15.0) / 3
+        self._heartbeat = asyncio.create_task(every(renew_s, self.renew_leases, "renewing leases"))
 
     async def _sweep(self) -> None:
         for skey in await self.store.sessions_with_work():
@@ -123,24 +127,6 @@ class SessionManager:
                 continue
             if key.channel in self.outlets and skey not in self._runners:
                 self._wake(key, arrived=False)
-
-    async def _sweep_forever(self, interval_s: float) -> None:
-        while True:  # must outlive any one failure: a dead sweeper never resumes another's work
-            await asyncio.sleep(interval_s)
-            try:
-                await self._sweep()
-            except StoreError as exc:
-                log.warning("sweep failed: %s", exc)
-            except Exception:
-                log.exception("sweep failed")
-
-    async def _renew_forever(self, interval_s: float) -> None:
-        while True:  # must outlive any one failure: leases would lapse under long model calls
-            await asyncio.sleep(interval_s)
-            try:
-                await self.renew_leases()
-            except Exception:
-                log.exception("renewing leases failed")
 
     async def renew_leases(self) -> None:
         """Renew every lease this replica's runners hold, in one store call per lease ttl (not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -15,6 +16,7 @@ from channels.base import HttpRoutes, Lifecycle
 from channels.web import WebChat
 from core.agent.model import ModelClient
 from core.errors import StoreError
+from core.periodic import every
 from core.store import Store
 from gateway import admin, webchat
 from gateway.channels import build_channels, channel_context
@@ -76,7 +78,8 @@ def build_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await runtime.start()
-        sampler = asyncio.create_task(_sample_queue_depth(runtime.store, telemetry))
+        sample = functools.partial(_sample_queue_depth, runtime.store, telemetry)
+        sampler = asyncio.create_task(every(5.0, sample, "queue depth sample", first_after_s=0))
         started: list[Lifecycle] = []
         try:
             for service in background:
@@ -100,16 +103,9 @@ def build_app(
     return app
 
 
-async def _sample_queue_depth(store: Store, metrics: Metrics, every_s: float = 5.0) -> None:
-    """The queue depth gauge, read from the store now and then (it spans replicas)."""
-    while True:
-        try:
-            metrics.queue_depth.set(await store.queue_depth())
-        except StoreError as exc:
-            log.warning("queue depth not sampled: %s", exc)
-        except Exception:  # the gauge must not stop for good
-            log.exception("queue depth not sampled")
-        await asyncio.sleep(every_s)
+async def _sample_queue_depth(store: Store, metrics: Metrics) -> None:
+    """The queue depth gauge, read from the store (it spans replicas)."""
+    metrics.queue_depth.set(await store.queue_depth())
 
 
 async def healthz(request: web.Request) -> web.Response:

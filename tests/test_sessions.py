@@ -28,6 +28,7 @@ from core.models import (
     Sender,
     SessionKey,
 )
+from core.periodic import every
 from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
@@ -735,7 +736,7 @@ async def test_the_sweeper_outlives_an_error_it_did_not_expect(
     monkeypatch.setattr(rig.store, "sessions_with_work", flaky)
     assert await rig.store.acquire_lease(str(key()), "a-replica-that-died", 0.3)
     await rig.manager.submit(msg("left behind"))  # its runner finds the lease taken
-    sweeper = asyncio.create_task(rig.manager._sweep_forever(0.05))
+    sweeper = asyncio.create_task(every(0.05, rig.manager._sweep, "sweep"))
     try:
         async with asyncio.timeout(3):  # the manager's own sweeper comes only after 5 s
             while not rig.outlet.texts():
