@@ -493,6 +493,31 @@ async def test_the_first_call_drops_the_oldest_history_to_fit_the_budget() -> No
     assert outcome.text == "fine"
 
 
+async def test_long_history_goes_before_the_tools_do() -> None:
+    """The oldest history went only until one call fitted: with one long message in it, every
+    turn for the next ten answered with tool_choice "none" (the offline model said it could
+    not search the knowledge base)."""
+    base, est1, _, _ = _budget_case()
+    budget = est1 + base.max_output_tokens + est1 + 2 * base.max_output_tokens + 200
+    limits = Limits(token_budget=budget)
+    history = [
+        ChatMessage("user", "word " * 600),  # far past the room left for history
+        ChatMessage("assistant", "noted"),
+        ChatMessage("user", "hi"),
+        ChatMessage("assistant", "hello"),
+    ]
+    model = ScriptedModel()
+    model.add(calls(("add", '{"first": 2, "second": 3}')), text("5"))
+
+    outcome, _ = await _run(model, limits, turn=_turn("add 2 and 3", history=history))
+
+    first = model.requests[0]
+    assert first.tool_choice == "auto"
+    assert history[0] not in first.messages  # the oldest history went, the newest stayed
+    assert first.messages[-3:-1] == tuple(history[2:])
+    assert outcome.text == "5"
+
+
 async def test_a_message_alone_past_the_budget_is_not_sent_to_the_model() -> None:
     model = ScriptedModel()
     model.add(text("never"))

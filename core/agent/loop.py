@@ -191,9 +191,19 @@ class AgentLoop:
             )
 
         # the budget binds the first call too: the oldest history goes until the call fits
+        # and, with tools, until a tool call and the answer after it fit (one long message in
+        # the history made every turn answer without its tools, for as long as it stayed there)
         smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
+
+        def too_big() -> bool:
+            est = tools_cost + estimate_messages(messages)
+            if est + smallest > lim.token_budget:
+                return True
+            _, reason = self._final_reason(1, out, tools != (), 0, est)
+            return reason == "token_budget"
+
         older = len(turn.history)
-        while older and tools_cost + estimate_messages(messages) + smallest > lim.token_budget:
+        while older and too_big():
             del messages[1]  # right after the system prompt
             older -= 1
 
