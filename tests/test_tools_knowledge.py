@@ -135,6 +135,22 @@ async def test_large_result_becomes_a_data_card_and_is_kept(tmp_path: Path) -> N
     assert json.loads(kept.read_text()) == {"data": "x" * 500}
 
 
+async def test_a_big_result_the_workspace_cannot_keep_is_a_card_all_the_same(
+    tmp_path: Path,
+) -> None:
+    """A workspace_dir the gateway cannot write (under a file here; read-only under systemd's
+    ProtectSystem) raised out of the call: the turn said "something went wrong"."""
+    (tmp_path / "file").write_text("not a folder")
+    registry = ToolRegistry([Big()], tiers=ResultTiers(inline_chars=100, keep_chars=10_000))
+    ctx = ToolContext(session="s", run_id="abcdef12", workspace=tmp_path / "file" / "s1")
+    result = await registry.call("big", '{"size": 500}', ctx)
+    assert result.ok
+    card = json.loads(result.content)
+    assert card["keys"] == ["data"]
+    assert "result_id" not in card
+    assert card["not_kept"]
+
+
 async def test_huge_result_is_cut_to_a_preview_and_kept(tmp_path: Path) -> None:
     registry = ToolRegistry([Big()], tiers=ResultTiers(inline_chars=100, keep_chars=300))
     ctx = ToolContext(session="s", run_id="abcdef12", workspace=tmp_path)

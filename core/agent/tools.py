@@ -185,10 +185,10 @@ class ToolRegistry:
             return _error("failed", f"{name} failed unexpectedly.")
         text = _json(result)
         if len(text) > self._tiers.inline_chars:
-            text = self._card(result, text, ctx)
+            text = self._card(name, result, text, ctx)
         return ToolResult(text, ok=True)
 
-    def _card(self, result: Any, text: str, ctx: ToolContext) -> str:
+    def _card(self, name: str, result: Any, text: str, ctx: ToolContext) -> str:
         """A compact description of a big result; the result itself is kept for read_result."""
         truncated = len(text) > self._tiers.keep_chars
         kept: Any = text[: self._tiers.keep_chars] if truncated else result
@@ -197,10 +197,18 @@ class ToolRegistry:
             ctx.results += 1
             result_id = f"{ctx.run_id[:8]}-{ctx.results}"
             folder = ctx.workspace / "results"
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{result_id}.json").write_text(json.dumps(kept, default=str), "utf-8")
-            card["result_id"] = result_id
-            card["read_with"] = f"{READ_RESULT}(result_id, offset, limit)"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"{result_id}.json").write_text(json.dumps(kept, default=str), "utf-8")
+            except OSError as exc:  # a workspace_dir we cannot write: the run goes on (it
+                # used to end in "something went wrong"), with the sample alone
+                log.warning(
+                    "a big %s result not kept: %s", name, exc, extra={"session": ctx.session}
+                )
+                card["not_kept"] = "Only this sample of the result is available."
+            else:
+                card["result_id"] = result_id
+                card["read_with"] = f"{READ_RESULT}(result_id, offset, limit)"
         if truncated:
             card["truncated_to_chars"] = self._tiers.keep_chars
         return json.dumps(card, ensure_ascii=False, default=str)
