@@ -290,6 +290,14 @@ def test_buttons_are_cut_to_slack_limits() -> None:
     assert message.text  # the labels stand in for the notification text
 
 
+def test_button_labels_standing_in_for_the_text_ping_no_one() -> None:
+    """Buttons alone went out with their raw labels as the message's text, which Slack reads
+    as mrkdwn: a label `<!channel> yes` notified the whole channel."""
+    (message,) = messages([], [("<!channel> yes", "y"), ("<@U0ADMIN> no", "n")])
+    assert message.text == "&lt;!channel&gt; yes · &lt;@U0ADMIN&gt; no"
+    assert message.blocks[0]["elements"][0]["text"]["text"] == "<!channel> yes"  # plain text
+
+
 @pytest.mark.parametrize("cluster", JOINED)
 def test_a_long_button_label_is_cut_between_grapheme_clusters(cluster: str) -> None:
     """The label was cut at a code point: half a flag or a family emoji before the "…"."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from channels.slack.format import escape
 from channels.text import cluster_cut
 
 __all__ = [
@@ -108,7 +109,7 @@ def _fallback(blocks: list[dict[str, Any]]) -> str:
         if block["type"] == "section":
             return str(block["text"]["text"])
     labels = [e["text"]["text"] for b in blocks for e in b.get("elements", ())]
-    return " · ".join(labels)
+    return escape(" · ".join(labels))  # plain text in a button, mrkdwn here: `<!channel>` pinged
 
 
 def _button(index: int, label: str, value: str) -> dict[str, Any]:
