@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -61,6 +62,20 @@ class Outbox:
         self._outlets = outlets
         self._policy = policy
         self._telemetry: Telemetry = telemetry or NullTelemetry()
+        self._closing = asyncio.Event()
+
+    def close(self) -> None:
+        """Shutting down: a part waiting to be retried is left pending for the next start
+        (the wait held the exit for all of shutdown_grace_s with no turn running). A send
+        under way, and the record of one sent, still finish."""
+        self._closing.set()
+
+    async def _wait(self, seconds: float) -> bool:
+        """Sleep; False when shutdown came first."""
+        if not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), seconds)
+        return not self._closing.is_set()
 
     async def deliver_pending(
         self, key: SessionKey, fence: Callable[[], Awaitable[bool]] | None = None
@@ -88,7 +103,9 @@ class Outbox:
         extra = {"session": str(key), "channel": key.channel}
         if part.not_before is not None and (wait := part.not_before - time.time()) > 0:
             # a retry_after (or backoff) given before a restart: still owed
-            await asyncio.sleep(min(wait, self._policy.retry_for_s))
+            if not await self._wait(min(wait, self._policy.retry_for_s)):
+                log.info("reply part %d left for the next start", part.id, extra=extra)
+                return False
             if fence is not None and not await fence():  # the wait may outlast the lease
                 log.info("reply part %d left to the session's new holder", part.id, extra=extra)
                 return False
@@ -123,7 +140,9 @@ class Outbox:
                 return True
             if failures == 1 and not limited:
                 log.warning("reply part %d not sent, retrying: %s", part.id, error, extra=extra)
-            await asyncio.sleep(delay)
+            if not await self._wait(delay):
+                log.info("reply part %d left for the next start", part.id, extra=extra)
+                return False
 
     async def _confirm(self, part_id: int, platform_id: str | None, extra: dict[str, str]) -> None:
         """Record a part the platform accepted as sent, however long the store takes to come

@@ -160,6 +160,7 @@ class SessionManager:
         """Stop taking turns; let running ones finish within the grace period, then cancel.
         Anything unfinished stays pending in the store and is resumed at the next start."""
         self._closing = True
+        self.outbox.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)

@@ -1012,7 +1012,7 @@ async def test_a_429s_retry_after_outlasts_a_restart(
     await first.manager.notify(key("T"), "after it")
     while not tries:
         await asyncio.sleep(0.01)
-    await first.manager.aclose(grace_s=0)  # mid-wait: the process stops
+    await first.manager.aclose(grace_s=5)  # mid-wait: the process stops (and lets go at once)
     [pending, _] = await store.outbox_pending(skey)
     assert pending.not_before is not None
     assert pending.not_before > time.time() + 0.5
@@ -1021,6 +1021,24 @@ async def test_a_429s_retry_after_outlasts_a_restart(
     await asyncio.wait_for(second.manager.wait_idle(), 5.0)
     assert second.outlet.texts(key("T")) == ["later", "after it"]
     assert tries[1] - tries[0] >= 0.9  # the wait was owed after the restart too
+
+
+async def test_shutdown_does_not_wait_out_a_retry(
+    store: Store, make_rig: Callable[..., Any]
+) -> None:
+    """A reply waiting to be retried (a platform down) held SIGTERM for all of
+    shutdown_grace_s, though no turn was running; the wait is owed at the next start."""
+    skey = str(key("T"))
+    rig: Rig = await make_rig()
+    rig.outlet.fail_with.append(ChannelError("Too Many Requests", retryable=True, retry_after=30))
+    await store.enqueue_replies(skey, [Reply(text="later")])
+    await rig.manager.notify(key("T"), "after it")
+    while not (await store.outbox_pending(skey))[0].not_before:
+        await asyncio.sleep(0.01)
+    started = time.monotonic()
+    await rig.manager.aclose(grace_s=20)
+    assert time.monotonic() - started < 5
+    assert [p.reply.text for p in await store.outbox_pending(skey)] == ["later", "after it"]
 
 
 async def test_the_parts_after_one_whose_send_outlasted_the_lease_are_left_to_the_new_holder(
