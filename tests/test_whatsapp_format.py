@@ -340,6 +340,29 @@ def test_escaped_markers_stay_literal(md: str, shown: str) -> None:
     assert not re.search(rf"(?<!{ZWSP})[*_~`]|[*_~`](?!{ZWSP})", text)
 
 
+@pytest.mark.parametrize(
+    ("md", "styled", "written"),
+    [  # a literal marker touching one of ours was left live: it paired or lengthened a fence
+        ("Pattern: \\*`.py`\\* matches all", "Pattern: ```.py``` matches all", "**"),
+        ("Run `ls`\\` now", "Run ```ls``` now", "`"),
+        ("\\``ls` now", "```ls``` now", "`"),
+        ("Only **$9.99**\\*", "Only *$9.99*", "*"),
+        ("Fields: **Name***, **Email***", "Fields: *Name*, *Email*", "**"),
+        ("*it*\\_", "_it_", "_"),
+        ("~~old~~\\~", "~old~", "~"),
+        ("$1***e***g", "$1*e*g", "**"),  # an empty text between the star and the bold
+    ],
+)
+def test_a_literal_marker_next_to_a_style_stays_literal(md: str, styled: str, written: str) -> None:
+    """A marker in the next span, styled otherwise, counted as a line's end: `\\*` after
+    **$9.99** was left as is and sent "*$9.99**", a backtick after code made ```ls````."""
+    (text,) = chunk(md)
+    defused = rf"{ZWSP}([*_~`]){ZWSP}"
+    assert "".join(re.findall(defused, text)) == written
+    assert re.sub(defused, "", text) == styled  # the markers left are our styles' own
+    assert all(len(run) == 3 for run in re.findall("`{2,}", text))
+
+
 def test_markers_inside_words_and_links_are_left_alone() -> None:
     md = "snake_case, 2 * 3 and https://ex.com/_a_?q=*"
     assert chunk(md) == [md]

@@ -111,6 +111,9 @@ def _shown(spans: list[Span]) -> list[Span]:
     """Spans as WhatsApp must get them: a style that would open or close inside a word
     dropped (it would show as markers), code's backtick runs broken, and marker characters
     in text made inert."""
+    # markdown-it leaves an empty text where it took stars for a style (`***e***`): the span
+    # beyond it, not the empty one, is what a marker touches
+    spans = [s for s in spans if s.text]
     kept = _kept_marks(spans)
     line = "".join(s.text for s in spans)
     links = [] if _MARKER_CHARS.isdisjoint(line) else _links(line)
@@ -121,9 +124,14 @@ def _shown(spans: list[Span]) -> list[Span]:
         if MONO in kept[i]:
             text = _break_ticks(span.text)
         else:
-            # a neighbour in a span styled otherwise is across a marker: a word edge
-            before = line[start - 1 : start] if i and kept[i - 1] == kept[i] else ""
-            after = line[end : end + 1] if i + 1 < len(spans) and kept[i + 1] == kept[i] else ""
+            # a neighbour in a span styled otherwise is across our marker, and the text touches
+            # that marker: given as "" (a line's end), `\*` after **$9.99** was left to pair
+            before = line[start - 1 : start]
+            if i and kept[i - 1] != kept[i]:
+                before = _between(kept[i - 1], kept[i])[-1]
+            after = line[end : end + 1]
+            if i + 1 < len(spans) and kept[i + 1] != kept[i]:
+                after = _between(kept[i], kept[i + 1])[0]
             while first_link < len(links) and links[first_link][1] <= start:
                 first_link += 1  # links are in order: one ended here ends before every later span
             inside = []
@@ -135,6 +143,15 @@ def _shown(spans: list[Span]) -> list[Span]:
         out.append(Span(text, kept[i]))
         start = end
     return out
+
+
+def _between(left: tuple[str, ...], right: tuple[str, ...]) -> str:
+    """The markers `render_spans` writes between a span styled `left` and the next, styled
+    `right`: the styles only `left` has closed, innermost first, then those `right` opens."""
+    keep = 0
+    while keep < min(len(left), len(right)) and left[keep] == right[keep]:
+        keep += 1
+    return "".join(reversed(left[keep:])) + "".join(right[keep:])
 
 
 def _kept_marks(spans: list[Span]) -> list[tuple[str, ...]]:
