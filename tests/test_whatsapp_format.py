@@ -136,6 +136,18 @@ def test_a_long_bold_line_is_split_with_styles_closed() -> None:
         assert wlen(c) <= 1000
 
 
+@pytest.mark.parametrize("limit", range(12, 40))
+def test_a_cut_never_parts_a_literal_marker_from_what_defuses_it(limit: int) -> None:
+    """The zero-width space before a defused star went with the character before it, so a
+    cut between them began the next chunk "**" with our bold: the star paired again."""
+    chunks = chunk("**" + "src/\\*\\*/\\*.py," * 8 + "**", limit)
+    defused = rf"{ZWSP}\*{ZWSP}"
+    assert sum(len(re.findall(defused, c)) for c in chunks) == 24
+    for c in chunks:
+        assert wlen(c) <= limit
+        assert re.fullmatch(r"\*[^*]+\*", re.sub(defused, "·", c))  # only our bold is live
+
+
 def test_emoji_count_double() -> None:
     chunks = chunk("😀" * 3000)
     assert [wlen(c) for c in chunks] == [4096, 6000 - 4096]

@@ -48,6 +48,7 @@ _TICK_RUN = re.compile(r"`{2,}")
 _MARKERS = "*_~`"
 _MARKER_CHARS = frozenset(_MARKERS)
 _NON_SPACE = re.compile(r"\S+")
+_DEFUSED = re.compile(f"({ZWSP}[{_MARKERS}]{ZWSP})")  # what `_inert` makes of a marker
 
 
 def wlen(text: str) -> int:
@@ -473,14 +474,20 @@ def _cut_chars(text: str, size: int) -> list[str]:
 
 
 def _clusters(text: str) -> list[str]:
-    """Grapheme clusters (`channels.text`), with each zero-width space this module adds kept
-    with the character before it, so no cut parts a marker from what defuses it."""
+    """Grapheme clusters (`channels.text`), so no cut parts a marker from what defuses it: a
+    marker with a zero-width space on both sides is one, and any other zero-width space this
+    module adds is kept with the character before it. Kept only with the one before, a cut
+    left "*" after "\u200b" and the next piece began "**" with our bold."""
     out: list[str] = []
-    for cluster in clusters(text):
-        if cluster == ZWSP and out:
-            out[-1] += cluster
-        else:
-            out.append(cluster)
+    for part in _DEFUSED.split(text):
+        if _DEFUSED.fullmatch(part):
+            out.append(part)
+            continue
+        for cluster in clusters(part):
+            if cluster == ZWSP and out:
+                out[-1] += cluster
+            else:
+                out.append(cluster)
     return out
 
 
