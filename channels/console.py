@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
 from typing import TextIO
 
 from channels.mend import mend_strings
+from core.errors import ChannelError
 from core.models import InboundMessage, MessageKind, OutboundPart, Sender, SessionKey
 
 __all__ = ["Console"]
@@ -23,6 +25,8 @@ class Console:
         self.user = user
         self._out = out or sys.stdout
         self._streamed: dict[str, str] = {}  # run id -> text already shown
+        self._open = False  # the last write left its line open (an answer streaming)
+        self.gone = False  # the output was closed (`switchboard chat | head`)
         self.delivered = 0
 
     def parse(self, line: str) -> InboundMessage | None:
@@ -46,17 +50,31 @@ class Console:
         )
 
     def _write(self, text: str) -> None:
-        self._out.write(text)
-        self._out.flush()
+        if self.gone:
+            raise ChannelError("the terminal's output is closed")
+        try:
+            self._out.write(text)
+            self._out.flush()
+        except BrokenPipeError:  # every later reply would be retried for a day, and the
+            # chat waited for them: it never ended
+            self.gone = True
+            raise ChannelError("the terminal's output is closed") from None
+        self._open = not text.endswith("\n")
+
+    def end_line(self) -> None:
+        """End the line an answer is streaming on, so a log line written to the same terminal
+        starts on its own line (the run's "ok" came stuck to the answer's last word)."""
+        if self._open and not self.gone:
+            with contextlib.suppress(ChannelError):
+                self._write("\n")
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         shown = self._streamed.pop(part.run_id, None) if part.run_id else None
+        if self.gone:  # streamed into a closed output: not shown
+            raise ChannelError("the terminal's output is closed")
+        self.end_line()
         if shown is None or shown.strip() != part.reply.text.strip():
-            if shown is not None:
-                self._write("\n")
             self._write(f"agent> {part.reply.text}\n")
-        else:
-            self._write("\n")
         for button in part.reply.buttons:
             self._write(f"  [{button.label}]\n")
         self.delivered += 1
@@ -66,11 +84,12 @@ class Console:
         self._streamed[run_id] = ""
 
     async def run_delta(self, key: SessionKey, run_id: str, text: str) -> None:
-        if not self._streamed.get(run_id):
-            self._write("agent> ")
-        self._streamed[run_id] = self._streamed.get(run_id, "") + text
-        self._write(text)
+        shown = self._streamed.get(run_id, "")
+        self._streamed[run_id] = shown + text
+        with contextlib.suppress(ChannelError):  # output closed: the reply's send says so, once
+            self._write(text if shown else f"agent> {text}")
 
     async def run_ended(self, key: SessionKey, run_id: str, *, discarded: bool) -> None:
-        if discarded and self._streamed.pop(run_id, ""):
-            self._write("\n(discarded: a newer message interrupted this answer)\n")
+        if discarded and self._streamed.pop(run_id, "") and not self.gone:
+            self.end_line()
+            self._write("(discarded: a newer message interrupted this answer)\n")

@@ -405,18 +405,35 @@ async def _chat(settings: Settings) -> int:
         return 1
     console = Console(user=os.environ.get("USER") or "you")
     runtime = Runtime.build(settings, {console.name: console})
+    for handler in logging.getLogger().handlers:  # a log line never ends an answer's line
+        handler.addFilter(_before_each(console.end_line))
     await runtime.start()
     if sys.stdin.isatty():
         print("Chatting with the agent. /reset starts over, Ctrl+D quits.")
     try:
         async for line in _stdin_lines():
+            if console.gone:
+                break
             msg = console.parse(line)
             if msg is not None:
                 await runtime.manager.submit(msg)
         await runtime.manager.wait_idle()
     finally:
         await runtime.aclose()
+    if console.gone:  # no second error when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0
+
+
+def _before_each(call: Callable[[], None]) -> Callable[[logging.LogRecord], bool]:
+    """A logging filter that lets every record through, after `call`."""
+
+    def first(_: logging.LogRecord) -> bool:
+        call()
+        return True
+
+    return first
 
 
 async def _stdin_lines() -> AsyncIterator[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -20,6 +22,8 @@ import httpx
 import pytest
 from aiohttp import web
 
+from channels.console import Console
+from core.models import OutboundPart, Reply, SessionKey
 from core.sessions import RESET_REPLY
 from gateway import cli as cli_module
 from gateway.cli import GC_YOUNG_THRESHOLD, settle_heap
@@ -517,6 +521,62 @@ def test_chat_answers_from_the_knowledge_base(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "Monday" in proc.stdout
     assert_no_traceback(proc)
+
+
+def test_chat_whose_output_is_closed_ends(tmp_path: Path) -> None:
+    """`switchboard chat | head -c 20` never ended: each reply was retried for a day and
+    the chat waited for it, logging a traceback per streamed word."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    proc.stdin.write("what are your opening hours?\n")
+    proc.stdin.flush()
+    assert proc.stdout.read(5) == "agent"
+    proc.stdout.close()  # as head does once it has its bytes
+    proc.stdin.write("and on holidays?\n")
+    proc.stdin.close()
+    try:
+        assert proc.wait(timeout=60) == 1
+    finally:
+        proc.kill()
+    err = proc.stderr.read()
+    proc.stderr.close()
+    assert "Traceback" not in err
+    assert "the terminal's output is closed" in err
+
+
+async def test_a_log_line_starts_on_a_line_of_its_own_and_the_answer_ends_once() -> None:
+    """The run's "ok" log line came stuck to the answer's last word (written to the same
+    terminal before the reply's send ended the line)."""
+    screen = io.StringIO()
+    console = Console("you", out=screen)
+    handler = logging.StreamHandler(screen)
+    handler.addFilter(cli_module._before_each(console.end_line))
+    logger = logging.getLogger("test.console")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        k = SessionKey("default", "console", "default", "you")
+        await console.run_started(k, "r1", console.parse("hi") or pytest.fail("no message"))
+        await console.run_delta(k, "r1", "Hello ")
+        await console.run_delta(k, "r1", "there")
+        logger.warning("run r1 ok")
+        part = OutboundPart(
+            id=1, session=str(k), run_id="r1", seq=0, reply=Reply(text="Hello there")
+        )
+        await console.send(k, part)
+    finally:
+        logger.removeHandler(handler)
+    assert screen.getvalue() == "agent> Hello there\nrun r1 ok\n"
 
 
 def test_chat_reset_command(tmp_path: Path) -> None:
