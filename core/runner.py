@@ -18,12 +18,12 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import astuple
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.agent.loop import AgentEvent, Done, RunOutcome, TextDelta, ToolStep, Turn
+from core.agent.loop import AgentEvent, Done, EventSink, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.prompt import describe_inbound, history_messages, quote_note, system_prompt
 from core.agent.tools import CONSENT
 from core.errors import StoreError, SwitchboardError
@@ -302,7 +302,7 @@ class SessionRunner:
                     extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
                 )
 
-        self.turn_task = asyncio.create_task(_about_run(run.id, self.profile.loop.run(turn, emit)))
+        self.turn_task = asyncio.create_task(_about_run(run.id, self.profile.loop.run, turn, emit))
         try:
             outcome = await self.turn_task
         except asyncio.CancelledError:
@@ -703,11 +703,18 @@ def _tool_record(step: ToolStep) -> dict[str, Any]:
     }
 
 
-async def _about_run(run_id: str, run: Awaitable[RunOutcome]) -> RunOutcome:
+async def _about_run(
+    run_id: str,
+    run: Callable[[Turn, EventSink], Awaitable[RunOutcome]],
+    turn: Turn,
+    emit: EventSink,
+) -> RunOutcome:
     """The turn, in its own task: what it logs is about this run (the runner's own lines,
-    before and after, are about the session only)."""
+    before and after, are about the session only). The run's coroutine is made here: made
+    by the caller, a task cancelled before it started (a newer message interrupting at once)
+    left it never awaited, and Python warned."""
     about(run_id=run_id)
-    return await run
+    return await run(turn, emit)
 
 
 async def _quietly(coro: Awaitable[None], skey: str) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from core.agent.loop import AgentLoop, Limits
+from core.agent.loop import AgentLoop, Limits, RunOutcome, Turn
 from core.agent.model import DeltaSink, ModelRequest, ModelResponse, ToolCall
 from core.agent.sanitize import wrap_user_text
 from core.agent.tools import ToolRegistry
@@ -29,6 +31,7 @@ from core.models import (
     SessionKey,
 )
 from core.periodic import every
+from core.runner import _about_run
 from core.sessions import (
     OVERFLOW_NOTICE,
     RESET_REPLY,
@@ -1197,3 +1200,24 @@ async def test_a_press_the_store_failed_to_keep_is_taken_when_delivered_again(
     await settle(rig)
     assert result.status is InboxStatus.PENDING
     assert rig.outlet.texts()
+
+
+async def test_a_turn_cancelled_before_it_started_leaves_nothing_unawaited() -> None:
+    """A newer message interrupting at once cancelled the turn's task before it ran: the
+    agent loop's coroutine, made beforehand, was never awaited (a RuntimeWarning that failed
+    a test now and then)."""
+    started: list[Turn] = []
+
+    async def run(turn: Turn, emit: Any) -> RunOutcome:
+        started.append(turn)
+        return RunOutcome("never")
+
+    turn = Turn(run_id="r1", session=str(key()), system="", history=[], user_texts=["hi"])
+    task = asyncio.create_task(_about_run("r1", run, turn, lambda _: asyncio.sleep(0)))
+    task.cancel()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        await asyncio.gather(task, return_exceptions=True)
+        gc.collect()
+    assert started == []
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
