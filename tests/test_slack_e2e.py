@@ -403,12 +403,12 @@ async def test_a_mention_that_also_arrives_as_message_is_one_message(
 async def test_ack_is_immediate_while_the_agent_is_busy(
     gw: SlackGateway, slack: FakeSlack, fake_openai: FakeOpenAI
 ) -> None:
-    fake_openai.responder = lambda body: Text("slow answer", delay_s=1.5)
+    fake_openai.responder = lambda body: Text("slow answer", delay_s=4.0)
     await gw.post(event(message(DM, "first")))
     started = time.monotonic()
     for i in range(5):
         assert (await gw.post(event(message(DM, f"more {i}")))).status_code == 200
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0  # well before the model answers (1.1 s seen loaded)
     await slack.wait_for(lambda: slack.posted(DM), timeout=15)
 
 
