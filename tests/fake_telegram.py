@@ -2,7 +2,8 @@
 
 It checks what the real one checks: the token in the path, form-encoded or JSON parameters,
 Telegram HTML (supported tags only, proper nesting, known entities; errors worded like the
-server's "Bad Request: can't parse entities: ..."), text length after entity parsing in UTF-16
+server's "Bad Request: can't parse entities: ..."; links it refuses, rewrites or reads as
+mentions), text length after entity parsing in UTF-16
 code units, callback_data size, 429 with parameters.retry_after (and whether the client waited),
 403 for chats that blocked the bot, getUpdates offsets and the webhook/polling conflict.
 It also builds real-shaped updates (messages, button presses, photos) for tests to deliver.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import json
 import re
@@ -77,6 +79,7 @@ _TAGS = {
 _ENTITY = re.compile(r"&(?:(lt|gt|amp|quot)|#(\d{1,7})|#[xX]([0-9a-fA-F]{1,6}));")
 _NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
 _ATTR = re.compile(r"\s*([a-zA-Z-]+)(?:\s*=\s*(\"[^\"]*\"|'[^']*'|[^\s>\"']+))?")
+_HOST_CHARS = re.compile(r"(?:[a-z0-9._~!$&'()*+,;=-]|%[0-9a-f]{2}|[^\x00-\x7f])+")
 
 
 class HtmlError(ValueError):
@@ -134,9 +137,9 @@ def parse_html(html: str) -> tuple[str, list[dict[str, Any]]]:
                         f"Unmatched end tag at byte offset {_byte(html, i)}, "
                         f'expected "</{top["tag"]}>", found "</{name}>"'
                     )
-                _finish(top, units, stack, entities)
+                _finish(top, units, stack, entities, "".join(text[top["at"] :]))
             else:
-                stack.append(_open(html, i, close, units, stack))
+                stack.append({**_open(html, i, close, units, stack), "at": len(text)})
             i = close + 1
         elif ch == "&":
             m = _ENTITY.match(html, i)
@@ -181,7 +184,11 @@ def _open(html: str, i: int, close: int, units: int, stack: list[dict[str, Any]]
 
 
 def _finish(
-    top: dict[str, Any], units: int, stack: list[dict[str, Any]], entities: list[dict[str, Any]]
+    top: dict[str, Any],
+    units: int,
+    stack: list[dict[str, Any]],
+    entities: list[dict[str, Any]],
+    inner: str,
 ) -> None:
     length = units - top["offset"]
     attrs = top["attrs"]
@@ -193,15 +200,96 @@ def _finish(
     if length <= 0:
         return
     entity: dict[str, Any] = {"type": top["type"], "offset": top["offset"], "length": length}
-    if top["tag"] == "a":
-        if not attrs.get("href"):
+    if top["tag"] == "a":  # TDLib parse_html: a tg://user link is a mention, a link that
+        # fails LinkManager::get_checked_link no entity at all (no error either)
+        url = attrs.get("href") or inner
+        user = _link_user_id(url)
+        if user is not None:
+            entity.update(type="text_mention", user={"id": user, "is_bot": False})
+        elif url := _checked_link(url):
+            entity["url"] = url
+        else:
             return
-        entity["url"] = attrs["href"]
     if top["tag"] == "pre" and top.get("language"):
         entity["language"] = top["language"]
     if top["tag"] == "blockquote" and "expandable" in attrs:
         entity["type"] = "expandable_blockquote"
     entities.append(entity)
+
+
+def _link_user_id(url: str) -> int | None:
+    """The user a tg:user?id=N link mentions (TDLib LinkManager::get_link_user_id)."""
+    rest = url.lower()
+    if not rest.startswith("tg:"):
+        return None
+    rest = rest[3:].removeprefix("//")
+    if not rest.startswith("user"):
+        return None
+    rest = rest[4:].removeprefix("/")
+    if not rest.startswith("?"):
+        return None
+    for param in rest[1:].split("#")[0].split("&"):
+        key, _, value = param.partition("=")
+        if key == "id":
+            valid = re.fullmatch(r"-?[0-9]{1,18}", value) and 0 < int(value) < 1 << 40
+            return int(value) if valid else None
+    return None
+
+
+def _checked_link(link: str) -> str:
+    """The link Telegram keeps for an <a href>, or "" when it keeps none (TDLib
+    LinkManager::check_link_impl, td/telegram/LinkManager.cpp): http(s) needs a dot in the
+    host (or an IPv6 one), anything without "http(s)://" is read as a web address (mailto:a@b.c
+    becomes http://mailto:a@b.c/), and tg:, ton:, tonsite: links keep a plain host."""
+    kind = next((k for k in ("tg", "ton", "tonsite") if link.lower().startswith(k + ":")), "")
+    rest = link[len(kind) + 1 :].removeprefix("//") if kind else link
+    url = _parse_url(rest)
+    if url is None:
+        return ""
+    scheme, userinfo, host, port, query, ipv6 = url
+    if kind:
+        if rest.lower().startswith("http://") or scheme == "https" or userinfo or port or ipv6:
+            return ""
+        if not re.fullmatch(r"[a-z0-9_-]+" if kind != "tonsite" else r"[a-z0-9_.-]+", host):
+            return ""
+        return f"{kind}://{host}{query[1:] if query.startswith('/?') else query}"
+    if "." not in host and not ipv6:
+        return ""  # "Wrong HTTP URL"
+    credentials, at_port = f"{userinfo}@" if userinfo else "", f":{port}" if port else ""
+    return f"{scheme}://{credentials}{host}{at_port}{query}"
+
+
+def _parse_url(url: str) -> tuple[str, str, str, int, str, bool] | None:
+    """(scheme, userinfo, host, port given, path, IPv6) as TDLib reads a URL, or None
+    (parse_url, tdutils/td/utils/HttpUrl.cpp)."""
+    head = re.split(r"[:/?#@\[\]]", url, maxsplit=1)[0]
+    scheme = "http"  # without "://" the whole link is host and path
+    if url.startswith("://", len(head)):
+        scheme = head.lower()
+        if scheme not in ("http", "https"):
+            return None  # "Unsupported URL protocol"
+        url = url[len(head) + 3 :]
+    hostport = re.split(r"[/?#]", url, maxsplit=1)[0]
+    query = url[len(hostport) :].rstrip(" \t\r\n") or "/"
+    port = 0
+    sep = max(hostport.rfind(":"), hostport.rfind("]"), hostport.rfind("@"))
+    if sep > 0 and hostport[sep] == ":":
+        digits = hostport[sep + 1 :].lstrip("0")
+        if not re.fullmatch(r"[0-9]{1,5}", digits) or not 0 < int(digits) <= 65535:
+            return None
+        hostport, port = hostport[:sep], int(digits)
+    userinfo, _, host = hostport.rpartition("@")
+    host = "".join(c.lower() if c.isascii() else c for c in host)
+    ipv6 = len(host) > 1 and host[0] == "[" and host[-1] == "]"
+    if ipv6:
+        try:
+            ipaddress.IPv6Address(host[1:-1] if "%" not in host else "")
+        except ValueError:
+            return None
+    elif host in ("", ".") or not _HOST_CHARS.fullmatch(host):
+        return None
+    path = "".join(f"%{ord(c):02X}" if ord(c) <= 0x20 else c for c in query)
+    return scheme, userinfo, host, port, path if path.startswith("/") else "/" + path, ipv6
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ TOKENS = [
     "&amp",
     "<b>",
     "</i>",
+    "[l](http://localhost:8080/x)",
+    "[l](https://a.io/x)",
+    "<m@a.io>",
+    "[u](tg://user?id=1)",
 ]
 MARKDOWNISH = st.lists(st.sampled_from(TOKENS), max_size=80).map("".join)
 
@@ -66,6 +70,8 @@ def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
     full = rich.text
     full_text, full_entities = parse_html(rich.html())
     assert full_text == full
+    links = [e["type"] for e in full_entities if e["type"] in ("text_link", "text_mention")]
+    assert links == ["text_link"] * rich.html().count("<a ")  # Telegram keeps every link made
     full_cover = coverage(full, full_entities)
     chunks = rich.chunks(limit)
     pos = 0
@@ -188,6 +194,47 @@ def test_markdown_maps_to_telegram_entities(markdown: str, html: str) -> None:
     parse_html(html)
 
 
+@pytest.mark.parametrize(
+    ("markdown", "html"),
+    [
+        (
+            "Open [the dashboard](http://localhost:3000/admin).",
+            "Open the dashboard (http://localhost:3000/admin).",
+        ),
+        (
+            "See [the wiki](http://intranet/wiki/Onboarding).",
+            "See the wiki (http://intranet/wiki/Onboarding).",
+        ),
+        (
+            "Email <support@example.com> or [write to us](mailto:support@example.com).",
+            "Email support@example.com or write to us (support@example.com).",
+        ),
+        ("Ping [Ana](tg://user?id=123456789)!", "Ping Ana (tg://user?id=123456789)!"),
+        ("[Join us](tg://join?invite=AbC)", "Join us (tg://join?invite=AbC)"),
+        ("<http://localhost:3000>", "http://localhost:3000"),
+        ("[x](https://example.com:0/)", "x (https://example.com:0/)"),
+    ],
+)
+def test_targets_telegram_would_drop_rewrite_or_make_a_mention_are_written_out(
+    markdown: str, html: str
+) -> None:
+    """They were links: Telegram dropped a host with no dot (the address was lost), read
+    mailto: as the web address http://mailto:…/, and tg://user?id=N as a mention that
+    notifies that person."""
+    assert render(markdown).html() == html
+    assert parse_html(html)[1] == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["https://example.com", "http://127.0.0.1:8080/x", "http://[::1]/", "HTTPS://Ex.io:8443/a?b#c"],
+)
+def test_targets_telegram_accepts_stay_links(target: str) -> None:
+    html = render(f"[site]({target})").html()
+    assert html == f'<a href="{target}">site</a>'
+    assert [e["type"] for e in parse_html(html)[1]] == ["text_link"]
+
+
 def test_a_code_block_split_across_chunks_is_closed_and_reopened() -> None:
     code = "\n".join(f"line {i:03d} = value" for i in range(40))
     rich = render(f"Intro paragraph.\n\n```js\n{code}\n```\n\nOutro.")
@@ -274,6 +321,22 @@ def test_the_fake_refuses_what_telegram_refuses() -> None:
     assert entities == [
         {"type": "text_link", "offset": 0, "length": 1, "url": "https://a.b/?x=1&y=2"}
     ]
+
+
+@pytest.mark.parametrize(
+    ("href", "entity"),
+    [
+        ("http://localhost:3000/admin", None),  # "Wrong HTTP URL": no entity, no error
+        ("https://a.b:0/", None),
+        ("ftp://a.b/", None),
+        ("mailto:a@b.co", {"type": "text_link", "url": "http://mailto:a@b.co/"}),
+        ("tg://user?id=42", {"type": "text_mention", "user": {"id": 42, "is_bot": False}}),
+        ("HTTPS://Ex.IO", {"type": "text_link", "url": "https://ex.io/"}),
+    ],
+)
+def test_the_fake_checks_links_as_telegram_does(href: str, entity: dict[str, object]) -> None:
+    expected = [] if entity is None else [{"offset": 0, "length": 1, **entity}]
+    assert parse_html(f'<a href="{href}">l</a>')[1] == expected
 
 
 def test_tags_never_mix_code_with_other_entities() -> None:

@@ -12,15 +12,18 @@ and `&` the agent writes stays visible text) through `channels.text.parse`, so t
 deeper than markdown-it reads stays, as plain text. Headings and table headers become bold;
 `*em*` italic; `**strong**` bold; `~~s~~` strikethrough; `` `code` `` code; fences pre with
 their language; quotes blockquote (never nested: Telegram refuses nested quotes); lists keep
-their markers as text; links keep http(s), tg and mailto targets, and any other target is
-written out after the link text. Telegram allows nothing inside code, and no code or link
-inside a link, so such formatting is dropped, never the text.
+their markers as text; links keep the http(s) targets Telegram links, and any other target is
+written out after the link text (a mail address as the address, which Telegram makes tappable).
+Telegram allows nothing inside code, and no code or link inside a link, so such formatting is
+dropped, never the text.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -33,7 +36,12 @@ __all__ = ["render"]
 _MD = MarkdownIt("commonmark", {"html": False, "maxNesting": MAX_NESTING}).enable(
     ["strikethrough", "table"]
 )
-_LINK = re.compile(r"^(?:https?://|tg://|mailto:)[^\s<>\"]+$", re.IGNORECASE)
+_HTTP = re.compile(r"https?://", re.IGNORECASE)
+_PATH = re.compile(r"[/?#]")  # ends the host and port
+_PORT = re.compile(r"[0-9]+")
+# what Telegram allows in a host, lowercased: RFC 3986 characters, %-escapes and any non-ASCII
+_HOST = re.compile(r"(?:[a-z0-9._~!$&'()*+,;=-]|%[0-9a-f]{2}|[^\x00-\x7f])+")
+_IPV6 = re.compile(r"\[[0-9a-fA-F:.]+\]")
 _LANG = re.compile(r"^[A-Za-z][A-Za-z0-9_+#.-]{0,31}$")
 _INLINE_TAGS = {"strong": "b", "em": "i", "s": "s"}
 _HR = "———"
@@ -46,6 +54,49 @@ def render(markdown: str) -> Rich:
     return builder.rich
 
 
+def _linkable(href: str) -> bool:
+    """Whether Telegram links `href`: http(s) with a host that has a dot or is an IP address.
+
+    Telegram checks each link (TDLib parse_html -> LinkManager::get_checked_link ->
+    check_link_impl, td/telegram/LinkManager.cpp, and parse_url, tdutils/td/utils/HttpUrl.cpp)
+    and quietly reads the ones that fail otherwise: http://localhost:3000 or http://intranet/wiki
+    got no link at all (the label showed, the address was lost), mailto:a@b.co became the web
+    address http://mailto:a@b.co/, and tg://user?id=N a mention that notifies that person
+    (any name an injected prompt chose). Other tg:// links act inside Telegram (join a chat,
+    use a proxy) behind a label, so they are written out too."""
+    scheme = _HTTP.match(href)
+    if scheme is None:
+        return False
+    hostport = _PATH.split(href[scheme.end() :], maxsplit=1)[0]
+    sep = max(hostport.rfind(":"), hostport.rfind("]"), hostport.rfind("@"))
+    if sep > 0 and hostport[sep] == ":":
+        port = hostport[sep + 1 :]
+        digits = port.lstrip("0")  # leading zeros are allowed, a port of 0 is not
+        if not _PORT.fullmatch(port) or not 0 < len(digits) <= 5 or int(digits) > 65535:
+            return False
+        hostport = hostport[:sep]
+    host = hostport.rpartition("@")[2]
+    if _IPV6.fullmatch(host):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    return "." in host and host != "." and bool(_HOST.fullmatch(host.lower()))
+
+
+def _written(href: str) -> str:
+    """A target Telegram cannot link, as written out: a mail address without "mailto:"."""
+    return href[7:] if href[:7].lower() == "mailto:" else href
+
+
+@dataclass
+class _Link:
+    href: str
+    kept: bool  # made an entity (else written out after its text)
+    label: list[str] = field(default_factory=list)  # the visible text inside it
+
+
 class _Builder:
     def __init__(self) -> None:
         self.rich = Rich()
@@ -56,8 +107,7 @@ class _Builder:
         self.lists: list[str] = []  # markup of each open list
         self.cells = 0
         self.quote_depth = 0
-        self.links: list[tuple[str, bool, int]] = []  # (target, kept as entity, length at open)
-        self.length = 0  # visible characters added so far
+        self.links: list[_Link] = []  # open links, outermost first
 
     # blocks
 
@@ -197,20 +247,24 @@ class _Builder:
             self.text(tok.content)
 
     def link_open(self, href: str) -> None:
-        ok = bool(_LINK.match(href)) and not any(t.name == "a" for t in self.inline)
-        if ok:
+        kept = _linkable(href) and not any(t.name == "a" for t in self.inline)
+        if kept:
             self.inline.append(Tag("a", href))
-        self.links.append((href, ok, self.length))
+        self.links.append(_Link(href, kept))
 
     def link_close(self) -> None:
-        href, ok, start = self.links.pop()
-        empty = self.length == start
-        if ok:
-            if empty:
-                self.text(href)
+        link = self.links.pop()
+        label = "".join(link.label).strip()
+        if link.kept:
+            if not label:
+                self.text(link.href)
             self._pop("a")
-        elif href:
-            self.text(href if empty else f" ({href})")
+            return
+        shown = _written(link.href)
+        # an autolink shows its address already: <http://localhost:3000>, <a@b.co>, and
+        # markdown-it spells the target in punycode and %-escapes (<http://intranet/ä>)
+        if shown and label not in (link.href, shown, _MD.normalizeLinkText(link.href)):
+            self.text(f" ({shown})" if label else shown)
 
     def _pop(self, name: str) -> None:
         for i in range(len(self.inline) - 1, -1, -1):
@@ -235,4 +289,5 @@ class _Builder:
             self.rich.add(self.prefix, blocks)
             self.prefix = ""
         self.rich.add(text, stack)
-        self.length += len(text)
+        for link in self.links:
+            link.label.append(text)
