@@ -3,7 +3,7 @@
 It checks what the real one checks: the token in the path, form-encoded or JSON parameters,
 Telegram HTML (supported tags only, proper nesting, known entities; errors worded like the
 server's "Bad Request: can't parse entities: ..."; links it refuses, rewrites or reads as
-mentions), text length after entity parsing in UTF-16
+mentions; only the first 100 entities kept), text length after entity parsing in UTF-16
 code units, callback_data size, 429 with parameters.retry_after (and whether the client waited),
 403 for chats that blocked the bot, getUpdates offsets and the webhook/polling conflict.
 It also builds real-shaped updates (messages, button presses, photos) for tests to deliver.
@@ -39,6 +39,7 @@ __all__ = [
     "BOB",
     "FORUM",
     "GROUP",
+    "MAX_ENTITIES",
     "SECRET",
     "FakeTelegram",
     "Gateway",
@@ -48,6 +49,7 @@ __all__ = [
     "parse_html",
     "running_fake",
     "running_gateway",
+    "sent_entities",
     "until",
     "utf16",
     "write_config",
@@ -79,6 +81,8 @@ _TAGS = {
 _ENTITY = re.compile(r"&(?:(lt|gt|amp|quot)|#(\d{1,7})|#[xX]([0-9a-fA-F]{1,6}));")
 _NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"'}
 _ATTR = re.compile(r"\s*([a-zA-Z-]+)(?:\s*=\s*(\"[^\"]*\"|'[^']*'|[^\s>\"']+))?")
+MAX_ENTITIES = 100  # TDLib MessageEntity.cpp: MAX_USER_ENTITY_COUNT = 100, "server-side limit"
+_SPLITTABLE = ("bold", "italic", "underline", "strikethrough", "spoiler")
 _HOST_CHARS = re.compile(r"(?:[a-z0-9._~!$&'()*+,;=-]|%[0-9a-f]{2}|[^\x00-\x7f])+")
 
 
@@ -290,6 +294,47 @@ def _parse_url(url: str) -> tuple[str, str, str, int, str, bool] | None:
         return None
     path = "".join(f"%{ord(c):02X}" if ord(c) <= 0x20 else c for c in query)
     return scheme, userinfo, host, port, path if path.startswith("/") else "/" + path, ipv6
+
+
+def sent_entities(entities: list[dict[str, Any]], most: int = MAX_ENTITIES) -> list[dict[str, Any]]:
+    """What Telegram keeps of a message's entities (TDLib get_input_message_entities,
+    td/telegram/MessageEntity.cpp): bold, italic, underline, strikethrough and spoiler are
+    cut into pieces (split_entities), then the first `most` others are sent in order, then
+    pieces while fewer than `most` were sent; the rest are dropped, without an error."""
+    whole = [e for e in entities if e["type"] not in _SPLITTABLE]
+    emoji = [e for e in whole if e["type"] == "custom_emoji"]  # not counted
+    others = [e for e in whole if e["type"] != "custom_emoji"][:most]
+    pieces = _split([e for e in entities if e["type"] in _SPLITTABLE])
+    kept = emoji + others + pieces[: most - len(others)]
+    return sorted(kept, key=lambda e: (e["offset"], -e["length"]))
+
+
+def _split(entities: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TDLib split_entities (with no other entities): entities of one type that touch or
+    overlap make one run, and every run is cut where a run of another type starts."""
+    runs: dict[str, list[int]] = {}  # type → [start, end] of its open run
+    out: list[dict[str, Any]] = []
+
+    def flush(at: int) -> None:
+        for kind in _SPLITTABLE:
+            run = runs.get(kind)
+            if run is not None and run[0] < at:
+                out.append({"type": kind, "offset": run[0], "length": min(run[1], at) - run[0]})
+                if run[1] <= at:
+                    del runs[kind]
+                else:
+                    run[0] = at
+
+    for e in sorted(entities, key=lambda e: (e["offset"], -e["length"])):
+        start, end = e["offset"], e["offset"] + e["length"]
+        run = runs.get(e["type"])
+        if run is not None and start <= run[1]:
+            run[1] = max(run[1], end)
+        else:
+            flush(start)
+            runs[e["type"]] = [start, end]
+    flush(1 << 62)
+    return sorted(out, key=lambda e: (e["offset"], -e["length"], _SPLITTABLE.index(e["type"])))
 
 
 @dataclass(frozen=True)
@@ -589,6 +634,7 @@ class FakeTelegram:
                 text, entities = parse_html(raw)
             except HtmlError as exc:
                 raise _ApiError(400, f"Bad Request: can't parse entities: {exc}") from None
+            entities = sent_entities(entities)  # the rest are lost without an error
         elif p.get("parse_mode"):
             raise _ApiError(400, f"Bad Request: unsupported parse_mode {p['parse_mode']}")
         else:

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
 from channels.telegram.markdown import render
-from channels.telegram.rich import MAX_UNITS, Rich, Tag, split, utf16_len
-from tests.fake_telegram import HtmlError, parse_html, utf16
+from channels.telegram.rich import MAX_ENTITIES, MAX_UNITS, Rich, Tag, split, utf16_len
+from tests.fake_telegram import HtmlError, parse_html, sent_entities, utf16
 from tests.text_samples import CLUSTERS, JOINED, cluster_bounds
 
 TOKENS = [
@@ -48,6 +48,21 @@ TOKENS = [
     "[u](tg://user?id=1)",
 ]
 MARKDOWNISH = st.lists(st.sampled_from(TOKENS), max_size=80).map("".join)
+FORMATTED = [  # each one or more entities, as the agent writes them
+    "`c` ",
+    "**b** ",
+    "_i_ ",
+    "~~s~~ ",
+    "**b _i_ [l](https://a.io) b** ",
+    "[l](https://a.io) ",
+    "word ",
+    "\n",
+    "\n\n",
+    "> q **b** ~~s~~\n\n",
+    "| `a` | **b** |\n",
+    "```\nx\n```\n",
+]
+ENTITY_RICH = st.lists(st.sampled_from(FORMATTED), max_size=200).map("".join)
 
 
 def coverage(text: str, entities: list[dict[str, object]]) -> list[frozenset[str]]:
@@ -64,20 +79,22 @@ def _in_code(cover: list[frozenset[str]], unit: int) -> bool:
     return unit < len(cover) and any(label.startswith("pre:") for label in cover[unit])
 
 
-def check_chunks(rich: Rich, limit: int) -> list[tuple[str, str]]:
+def check_chunks(rich: Rich, limit: int, max_entities: int = MAX_ENTITIES) -> list[tuple[str, str]]:
     """Every chunk parses, fits, is trimmed (a chunk starting in a code block keeps its first
-    line's indentation), keeps its formatting; together they are the text."""
+    line's indentation), keeps its formatting (Telegram drops none of its entities); together
+    they are the text."""
     full = rich.text
     full_text, full_entities = parse_html(rich.html())
     assert full_text == full
     links = [e["type"] for e in full_entities if e["type"] in ("text_link", "text_mention")]
     assert links == ["text_link"] * rich.html().count("<a ")  # Telegram keeps every link made
     full_cover = coverage(full, full_entities)
-    chunks = rich.chunks(limit)
+    chunks = rich.chunks(limit, max_entities)
     pos = 0
     for html, plain in chunks:
         text, entities = parse_html(html)
         assert text == plain
+        assert sent_entities(entities, max_entities) == sent_entities(entities, 1 << 30)
         assert text
         in_code = any(e["type"] == "pre" and e["offset"] == 0 for e in entities)
         assert text == (text.rstrip() if in_code else text.strip())
@@ -118,6 +135,16 @@ def test_any_markdownish_text_becomes_valid_chunks_that_keep_the_visible_text(
     source: str, limit: int
 ) -> None:
     check_chunks(render(source), limit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ENTITY_RICH, st.sampled_from([40, 400, MAX_UNITS]), st.sampled_from([5, 9, MAX_ENTITIES]))
+def test_no_chunk_holds_more_entities_than_telegram_keeps(
+    source: str, limit: int, max_entities: int
+) -> None:
+    """At most 5 entities are open at one place (a quote, a link, bold, italic and
+    strikethrough), so 5 is the smallest limit every chunk can keep to."""
+    check_chunks(render(source), limit, max_entities)
 
 
 @settings(max_examples=300, deadline=None)
@@ -258,6 +285,26 @@ def test_a_code_block_split_across_chunks_keeps_every_line_as_written(first: str
     assert "\n".join(shown).split("\n") == lines
 
 
+def test_a_chunk_holds_no_more_entities_than_telegram_keeps() -> None:
+    """Telegram keeps a message's first 100 entities and drops the rest without an error:
+    a table of 50 rows of code cells was one 927-character chunk with 154 entities, and the
+    link after it (the 101st) was lost."""
+    rows = "\n".join(f"| `key_{i}` | `{i * 7}` | **on** |" for i in range(50))
+    markdown = f"Settings:\n\n| key | value | state |\n|---|---|---|\n{rows}\n\n"
+    rich = render(markdown + "Full list in [the docs](https://ex.com/settings).")
+    chunks = check_chunks(rich, MAX_UNITS)
+    assert len(chunks) == 2
+    assert chunks[0][1].endswith(" | on")  # between rows
+    links = [e for e in parse_html(chunks[-1][0])[1] if e["type"] == "text_link"]
+    assert [e["url"] for e in links] == ["https://ex.com/settings"]
+
+
+def test_an_entity_limit_cuts_between_lines_first() -> None:
+    rich = render("\n".join(f"- `a{i}` and `b{i}`" for i in range(6)))
+    chunks = check_chunks(rich, MAX_UNITS, 5)
+    assert [plain.count("\n") for _, plain in chunks] == [1, 1, 1]
+
+
 def test_cuts_prefer_paragraphs_then_lines_then_sentences_then_words() -> None:
     para = "First sentence here. Second one follows."
     assert split(f"{para}\n\n{para}", 50) == [(0, 40), (42, 82)]
@@ -337,6 +384,16 @@ def test_the_fake_refuses_what_telegram_refuses() -> None:
 def test_the_fake_checks_links_as_telegram_does(href: str, entity: dict[str, object]) -> None:
     expected = [] if entity is None else [{"offset": 0, "length": 1, **entity}]
     assert parse_html(f'<a href="{href}">l</a>')[1] == expected
+
+
+def test_the_fake_keeps_the_entities_telegram_keeps() -> None:
+    """TDLib cuts bold where italic starts inside it and counts each piece, then sends the
+    first 100 entities other than those pieces, then pieces while there is room."""
+    _, entities = parse_html("<b>aa <i>bb</i> cc</b>")
+    pieces = [(e["type"], e["offset"], e["length"]) for e in sent_entities(entities)]
+    assert pieces == [("bold", 0, 3), ("bold", 3, 5), ("italic", 3, 2)]
+    _, entities = parse_html("<b>b</b> " + "<code>c</code> " * 100 + '<a href="https://a.io">l</a>')
+    assert [e["type"] for e in sent_entities(entities)] == ["code"] * 100
 
 
 def test_tags_never_mix_code_with_other_entities() -> None:

@@ -1,5 +1,6 @@
 """Rich text as Telegram sees it: visible text with a stack of entities over each span,
-printed as Telegram HTML and cut into messages of at most 4096 UTF-16 code units.
+printed as Telegram HTML and cut into messages of at most 4096 UTF-16 code units and 100
+entities.
 
 Working on the visible text (not the HTML) is what makes chunking safe: a cut can never fall
 inside a tag, an HTML entity or a surrogate pair, and every chunk closes the tags open at its
@@ -9,6 +10,7 @@ end and reopens them at the start of the next, so each message is valid on its o
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,9 +18,14 @@ from html import escape
 
 from channels.text import cluster_cut
 
-__all__ = ["MAX_UNITS", "Rich", "Tag", "utf16_len"]
+__all__ = ["MAX_ENTITIES", "MAX_UNITS", "Rich", "Tag", "utf16_len"]
 
 MAX_UNITS = 4096  # sendMessage / editMessageText text limit, after entity parsing
+# entities Telegram keeps of a message; the rest are dropped without an error (TDLib
+# td/telegram/MessageEntity.cpp, get_input_message_entities: MAX_USER_ENTITY_COUNT = 100,
+# "server-side limit")
+MAX_ENTITIES = 100
+_SPLITTABLE = frozenset({"b", "i", "u", "s", "spoiler"})  # Telegram cuts these into pieces
 _SENTENCE = re.compile(r"[.!?…。](?=\s)")
 _WS = re.compile(r"\s")
 
@@ -78,15 +85,22 @@ class Rich:
 
     def html(self, start: int = 0, end: int | None = None) -> str:
         """Telegram HTML for the visible characters [start, end)."""
-        end = len(self.text) if end is None else end
+        return self._html(self._starts(), start, len(self.text) if end is None else end)
+
+    def _starts(self) -> list[int]:
+        """Where each span starts in the text."""
+        return list(itertools.accumulate((len(text) for text, _ in self.spans[:-1]), initial=0))
+
+    def _html(self, starts: list[int], start: int, end: int) -> str:
+        """html() from the span holding `start` on: a reply cut every 100 entities has many
+        chunks, and walking from the first span for each made a 100 kB table take seconds."""
         out: list[str] = []
         current: Stack = ()
-        pos = 0
-        for text, stack in self.spans:
-            lo, hi = max(start - pos, 0), min(end - pos, len(text))
-            pos += len(text)
+        for i in range(max(bisect.bisect_right(starts, start) - 1, 0), len(self.spans)):
+            text, stack = self.spans[i]
+            lo, hi = max(start - starts[i], 0), min(end - starts[i], len(text))
             if lo >= hi:
-                if pos >= end:
+                if starts[i] + len(text) >= end:
                     break
                 continue
             keep = _common(current, stack)
@@ -97,10 +111,38 @@ class Rich:
         out.extend(tag.close() for tag in reversed(current))
         return "".join(out)
 
-    def chunks(self, limit: int = MAX_UNITS) -> list[tuple[str, str]]:
+    def chunks(
+        self, limit: int = MAX_UNITS, max_entities: int = MAX_ENTITIES
+    ) -> list[tuple[str, str]]:
         """(html, plain text) per message, in order; empty when there is nothing visible."""
-        text = self.text
-        return [(self.html(a, b), text[a:b]) for a, b in split(text, limit, self._verbatim())]
+        text, starts = self.text, self._starts()
+        ranges = split(text, limit, self._verbatim(), self._entities(), max_entities)
+        return [(self._html(starts, a, b), text[a:b]) for a, b in ranges]
+
+    def _entities(self) -> list[tuple[int, int]]:
+        """(start, end) of each entity Telegram counts, by start. A tag html() opens is one,
+        but Telegram cuts bold, italic, underline, strikethrough and spoiler wherever another
+        of them starts inside (TDLib split_entities) and counts each piece."""
+        out: list[tuple[int, int]] = []
+        opened: list[int] = []  # where html() opened each tag of `current`
+        pieces: dict[str, int] = {}  # a cut tag → where its piece started
+        current: Stack = ()
+        pos = 0
+        for text, stack in self.spans:
+            keep = _common(current, stack)
+            out += _whole(current[keep:], opened[keep:], pos)
+            opened = opened[:keep] + [pos] * (len(stack) - keep)
+            names = {tag.name for tag in stack if tag.name in _SPLITTABLE}
+            fresh = bool(names - pieces.keys())  # one starts here: every other piece ends
+            for name in [name for name in pieces if fresh or name not in names]:
+                out.append((pieces.pop(name), pos))
+            for name in names:
+                pieces.setdefault(name, pos)
+            current = stack
+            pos += len(text)
+        out += _whole(current, opened, pos)
+        out += [(start, pos) for start in pieces.values()]
+        return sorted(out)
 
     def _verbatim(self) -> list[tuple[int, int]]:
         """The ranges inside code blocks, where a line's leading spaces are part of it."""
@@ -116,6 +158,13 @@ class Rich:
         return out
 
 
+def _whole(tags: Stack, opened: Sequence[int], end: int) -> list[tuple[int, int]]:
+    """The entities Telegram does not cut, of `tags` (opened at `opened`) closing at `end`."""
+    return [
+        (start, end) for tag, start in zip(tags, opened, strict=True) if tag.name not in _SPLITTABLE
+    ]
+
+
 def _common(a: Stack, b: Stack) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -125,10 +174,17 @@ def _common(a: Stack, b: Stack) -> int:
     return n
 
 
-def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
-    """Ranges of `text`, each at most `limit` UTF-16 units once trimmed, cut at a paragraph,
-    else a line, else a sentence, else a word boundary, else between characters. In `verbatim`
-    ranges (code blocks) the next range skips the spaces at a cut inside a line, but never the
+def split(
+    text: str,
+    limit: int,
+    verbatim: Sequence[tuple[int, int]] = (),
+    entities: Sequence[tuple[int, int]] = (),
+    max_entities: int = MAX_ENTITIES,
+) -> list[tuple[int, int]]:
+    """Ranges of `text`, each at most `limit` UTF-16 units once trimmed and meeting at most
+    `max_entities` of `entities` ((start, end), by start), cut at a paragraph, else a line,
+    else a sentence, else a word boundary, else between characters. In `verbatim` ranges
+    (code blocks) the next range skips the spaces at a cut inside a line, but never the
     indentation of a line that starts it."""
     units = [0]
     for ch in text:
@@ -152,13 +208,16 @@ def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> li
             at += 1
         return at
 
+    budget = _Budget(entities, max_entities, n)
     pos = skip(0, -1)
     while pos < n:
         end = _trim_end(text, pos, n)
-        if units[end] - units[pos] <= limit:
+        most = budget.end(pos)  # a range from pos ends here at the latest
+        if units[end] - units[pos] <= limit and end <= most:
             out.append((pos, end))
             break
         hard = max(bisect.bisect_right(units, units[pos] + limit, pos, n + 1) - 1, pos + 1)
+        hard = min(hard, most)
         cut = _best_cut(text, pos, hard)
         if _trim_end(text, pos, cut) == pos:  # only a code line's indentation before the cut
             cut = hard
@@ -166,6 +225,28 @@ def split(text: str, limit: int, verbatim: Sequence[tuple[int, int]] = ()) -> li
             out.append((pos, end))
         pos = skip(cut, pos)
     return out
+
+
+class _Budget:
+    """Where a range must end to meet at most `most` entities, for starts that only move
+    forward (a chunk with more lost the rest: a table of 50 rows of code cells had 154, and
+    the link after it was the 101st)."""
+
+    def __init__(self, entities: Sequence[tuple[int, int]], most: int, n: int) -> None:
+        self._entities, self._most, self._n = entities, most, n
+        self._next = 0  # the first entity starting at or after the last start asked about
+        self._open: list[int] = []  # ends of the entities before it that run past that start
+
+    def end(self, at: int) -> int:
+        """The first entity a range from `at` must leave out starts here (or the text ends)."""
+        while self._next < len(self._entities) and self._entities[self._next][0] < at:
+            self._open.append(self._entities[self._next][1])
+            self._next += 1
+        self._open = [end for end in self._open if end > at]
+        first_out = self._next + max(self._most - len(self._open), 0)
+        if first_out >= len(self._entities):
+            return self._n
+        return max(self._entities[first_out][0], at + 1)  # more open at `at`: cannot be helped
 
 
 def _best_cut(text: str, pos: int, hard: int) -> int:
