@@ -370,16 +370,23 @@ def load_settings(
     return settings
 
 
+# keys and list positions from the top of the configuration: ("bindings", 0, "agent")
+_KeyPath = tuple[str | int, ...]
+
+
 def _more_problems(
-    data: dict[str, Any], env: Mapping[str, str], bad: list[tuple[str, ...]]
+    data: dict[str, Any], env: Mapping[str, str], bad: list[_KeyPath]
 ) -> list[tuple[str, str]]:
-    """The rules across keys, checked among the keys that are valid (the failing ones set
-    aside, and whatever setting them aside makes fail in turn), so that check reports every
-    problem at once rather than one kind per attempt. Nothing about a key set aside.
+    """The problems the first validation could not see: a rule over a whole tool or section,
+    which pydantic checks only once each of its keys is valid, and the rules across keys. They
+    are checked among the keys that are valid (the failing ones set aside, and whatever setting
+    them aside makes fail in turn), so that check reports every problem at once rather than one
+    kind per attempt. Nothing about a key set aside.
 
     A key still failing once set aside is required (an enabled channel's token): it gets a
     stand-in value; one failing even so has its section set aside."""
-    stand_ins: list[tuple[str, ...]] = []
+    found: list[tuple[str, str]] = []  # before, these only set keys aside and were never shown
+    stand_ins: list[_KeyPath] = []
     for _ in range(6):
         kept = _standing_in(_without(data, bad), stand_ins)
         kept_env = {n: v for n, v in env.items() if not _near(_env_path(n), bad)}
@@ -387,13 +394,15 @@ def _more_problems(
         try:
             settings = Settings()
         except ValidationError as exc:
-            for p in (_path(err["loc"]) for err in exc.errors()):
+            for err in exc.errors():
+                p = _path(err["loc"])
                 if p in stand_ins:
-                    bad.append(p[:-1])
+                    bad.append(_path(p[:-1]))
                 elif p in bad:
                     stand_ins.append(p)
-                else:
+                else:  # news: a problem of its own, not one of setting something aside
                     bad.append(p)
+                    found.append(_problem(err, env))
             # a stand-in inside a section now set aside would bring that section back
             stand_ins = [s for s in stand_ins if not any(s[: len(b)] == b and s != b for b in bad)]
             continue
@@ -401,15 +410,15 @@ def _more_problems(
             _SOURCES.reset(token)
         # an agent or a tool set aside is missing, not wrong: where it is used (an agent's
         # tools, a binding) that is no news
-        names = {b[2] for b in bad if b[:2] == ("tools", "http") and len(b) > 2}
-        names |= {b[1] for b in bad if b[:1] == ("agents",) and len(b) > 1}
-        return [
+        names = {str(b[2]) for b in bad if b[:2] == ("tools", "http") and len(b) > 2}
+        names |= {str(b[1]) for b in bad if b[:1] == ("agents",) and len(b) > 1}
+        return found + [
             (k, m + env_source(k, env))
             for k, m in semantic_problems(settings)
-            if not _near(tuple(k.split(".")), bad)
+            if not _near(_key_path(k), bad)
             and not (_uses_names(k) and any(re.search(rf"\b{re.escape(n)}\b", m) for n in names))
         ]
-    return []
+    return found
 
 
 def _uses_names(key: str) -> bool:
@@ -417,32 +426,54 @@ def _uses_names(key: str) -> bool:
     return key.endswith(".tools") or key.startswith("bindings")
 
 
-def _standing_in(data: dict[str, Any], paths: list[tuple[str, ...]]) -> dict[str, Any]:
+def _standing_in(data: dict[str, Any], paths: list[_KeyPath]) -> dict[str, Any]:
     """`data` with a placeholder string at each of `paths` (a required secret, say)."""
     out = dict(data)
     for path in paths:
-        node = out
-        for part in path[:-1]:
-            child = node.get(part)
-            node[part] = dict(child) if isinstance(child, dict) else {}
-            node = node[part]
-        if path:
-            node[path[-1]] = "stand-in"
+        out = _put(out, path, "stand-in")
     return out
 
 
-def _path(loc: tuple[Any, ...]) -> tuple[str, ...]:
-    """A pydantic location as keys, up to the first list index (a list is set aside whole:
-    dropping one item would renumber the rest)."""
-    out = []
-    for part in loc:
-        if isinstance(part, int):
-            break
-        out.append(str(part))
+def _put(node: Any, path: _KeyPath, value: Any) -> Any:
+    """A copy of `node` with `value` at `path`, tables made where they are missing."""
+    if not path:
+        return value
+    part, rest = path[0], path[1:]
+    if isinstance(part, int):
+        items = list(node) if isinstance(node, list) else []
+        if part < len(items):
+            items[part] = _put(items[part], rest, value)
+        return items
+    table = dict(node) if isinstance(node, dict) else {}
+    table[part] = _put(table.get(part), rest, value)
+    return table
+
+
+def _path(loc: tuple[Any, ...]) -> _KeyPath:
+    """A pydantic location as a path to set aside. A list's item is set aside by its keys, never
+    whole: dropping it would renumber the rest (a list item that is wrong as a whole, a name
+    in a list of names, has its list set aside)."""
+    out = [p if isinstance(p, int) else str(p) for p in loc]
+    while out and isinstance(out[-1], int):
+        out.pop()
     return tuple(out)
 
 
-def _near(path: tuple[str, ...], bad: list[tuple[str, ...]]) -> bool:
+def _key(loc: tuple[Any, ...]) -> str:
+    """A pydantic location as the key problems name: `bindings[0].agent`, as the README and
+    the ${VAR} problems spell it (not pydantic's `bindings.0.agent`)."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def _key_path(key: str) -> _KeyPath:
+    """`bindings[0].agent` as ("bindings", 0, "agent")."""
+    return tuple(int(i) if i else name for i, name in re.findall(r"\[(\d+)\]|([^.\[]+)", key))
+
+
+def _near(path: _KeyPath, bad: list[_KeyPath]) -> bool:
     """`path` is, holds or lies inside one of `bad`."""
     return any(path[: len(b)] == b or b[: len(path)] == path for b in bad if b)
 
@@ -453,23 +484,24 @@ def _env_path(name: str) -> tuple[str, ...]:
     return tuple(name[len(ENV_PREFIX) :].lower().split("__"))
 
 
-def _without(data: dict[str, Any], bad: list[tuple[str, ...]]) -> dict[str, Any]:
+def _without(data: Any, bad: list[_KeyPath]) -> Any:
+    """`data` without the keys at `bad`, in tables and in the tables of lists."""
+    if isinstance(data, list):
+        return [_without(v, [b[1:] for b in bad if b[:1] == (i,)]) for i, v in enumerate(data)]
+    if not isinstance(data, dict) or not bad:
+        return data
     out: dict[str, Any] = {}
     for key, value in data.items():
         inside = [b[1:] for b in bad if b and b[0] == key]
         if any(not rest for rest in inside):
             continue
-        out[key] = _without(value, inside) if inside and isinstance(value, dict) else value
+        out[key] = _without(value, inside) if inside else value
     return out
 
 
 def _covered(key: str, unset: list[tuple[str, str]]) -> bool:
     """Whether key is (inside) a value whose variable is unset: its empty stand-in is no news."""
-    for bad, _ in unset:
-        bad = re.sub(r"\[(\d+)\]", r".\1", bad)  # items[0] is pydantic's items.0
-        if key == bad or key.startswith(f"{bad}."):
-            return True
-    return False
+    return any(key == bad or key.startswith((f"{bad}.", f"{bad}[")) for bad, _ in unset)
 
 
 # "$${" (a literal "${"), a reference, or a "${" that starts none (a typo: refused, never kept
@@ -513,7 +545,7 @@ def _interpolate(
 
 
 def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
-    key = ".".join(str(p) for p in err["loc"]) or "config"
+    key = _key(err["loc"]) or "config"
     source = env_source(key, env)
     if err["type"] == "extra_forbidden":
         return key, f"unknown key{source}"

@@ -434,7 +434,7 @@ def test_a_bad_json_object_from_the_environment_names_the_key_and_variable(
 @pytest.mark.parametrize(
     ("value", "key"),
     [
-        ('["U1", 2]', "channels.slack.allow_from.1"),
+        ('["U1", 2]', "channels.slack.allow_from[1]"),
         ('["U1"', "channels.slack.allow_from"),
     ],
 )
@@ -611,6 +611,49 @@ def test_a_problem_that_only_mentions_a_name_set_aside_is_still_reported(tmp_pat
     body = '[agent]\nknowledge_dir = "docs/kb"\n[agents.docs]\nqueue_mode = "nope"\n'
     keys = {k for k, _ in problems_of(write(tmp_path, body))}
     assert {"agents.docs.queue_mode", "agent.knowledge_dir"} <= keys
+
+
+TOOL = '[tools.http.order]\ndescription = "x"\nurl = "https://shop.example.com/o'
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            TOOL + '"\ntimeout_s = -1\nmethod = "PATCH"\n',
+            {
+                "tools.http.order.timeout_s": "greater than 0",
+                "tools.http.order": "a PATCH tool changes things",
+            },
+        ),
+        (
+            TOOL + '/{nope}"\ntimeout_s = -1\n'
+            'parameters = { type = "object", properties = { id = { type = "string" } } }\n',
+            {
+                "tools.http.order.timeout_s": "greater than 0",
+                "tools.http.order": "{nope} is not one of parameters.properties",
+            },
+        ),
+        (
+            '[[bindings]]\nagent = "ghost"\nchannel = "fax"\nextra = 1\n',
+            {
+                "bindings[0].extra": "unknown key",
+                "bindings[0].agent": "no agent named 'ghost'",
+                "bindings[0].channel": "unknown channel 'fax'",
+            },
+        ),
+    ],
+)
+def test_every_problem_of_a_tool_or_a_binding_is_reported_at_once(
+    tmp_path: Path, body: str, expected: dict[str, str]
+) -> None:
+    """A tool's own rules (a write method, its URL's placeholders) run once its keys are valid,
+    and a binding with one unknown key was set aside whole: check named one problem per
+    attempt. A list item's key is spelt bindings[0].extra, as everywhere (was bindings.0.extra)."""
+    problems = dict(problems_of(write(tmp_path, body)))
+    assert set(problems) == set(expected)
+    for key, part in expected.items():
+        assert part in problems[key], key
 
 
 def test_only_the_store_is_read_for_pairing_variables_included(tmp_path: Path) -> None:
