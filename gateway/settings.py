@@ -6,6 +6,7 @@ is reported as (dotted key, message) through ConfigError; nothing here ever show
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import os
@@ -23,6 +24,7 @@ from pydantic import (
     BaseModel,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
 )
@@ -341,6 +343,7 @@ def load_settings(
         # the SWITCHBOARD__ overrides of the other sections go; ${VAR}s stay for the rest
         kept = {(), *((section,) for section in only)}
         env = {n: v for n, v in env.items() if _env_path(n)[:1] in kept}
+    mistyped = _mistyped(data, Settings, "")  # the file's own values, before any ${VAR}
     unset: list[tuple[str, str]] = []  # reported with every other problem, not alone
     data = _interpolate(data, env, "", unset)
     # an override's ${VAR} is read too: taken as text, "${ADMIN_TOKEN}" became the token
@@ -352,22 +355,93 @@ def load_settings(
     }
     unset += [(key, reason + env_source(key, env)) for key, reason in in_overrides]
     env = {**env, **overrides} if overrides else env
-    token = _SOURCES.set((data, env))
+    # set aside from the start: lax, `enabled = 1` enabled the channel, which then lacked a token
+    aside = [_key_path(k) for k, _ in mistyped]
+    token = _SOURCES.set((_without(data, aside), env))
     try:
-        settings = Settings()
+        settings, errors = Settings(), []
     except ValidationError as exc:
-        problems = [_problem(err, env) for err in exc.errors()]
-        problems += _more_problems(data, env, [_path(err["loc"]) for err in exc.errors()])
-    else:  # a rule across keys names the variables that set its key, as a field's error does
-        problems = [(k, m + env_source(k, env)) for k, m in semantic_problems(settings)]
+        settings, errors = None, exc.errors()
     finally:
         _SOURCES.reset(token)
+    problems = mistyped + [_problem(e, env) for e in errors if _path(e["loc"]) not in aside]
+    if problems or settings is None:
+        problems += _more_problems(data, env, [_path(err["loc"]) for err in errors] + aside)
+    else:  # a rule across keys names the variables that set its key, as a field's error does
+        problems = [(k, m + env_source(k, env)) for k, m in semantic_problems(settings)]
     problems = unset + [p for p in problems if not _covered(p[0], unset)]
     if only is not None:
         problems = [p for p in problems if p[0].split(".")[0].split("[")[0] in only]
-    if problems:
+    if problems or settings is None:
         raise ConfigError(problems)
     return settings
+
+
+def _mistyped(data: Any, model: Any, key: str) -> list[tuple[str, str]]:
+    """The file's values of the wrong TOML type that pydantic's lax mode would take
+    (`enabled = 1` enabled a channel, `token_budget = "7000"` was a number): TOML has a type
+    for each, so the file must use it. Text from ${VAR} is not checked: like a
+    SWITCHBOARD__ override, it is text by nature, read as the key's type ("true", "8080")."""
+    out: list[tuple[str, str]] = []
+    if _is_model(model) and isinstance(data, dict):
+        for name, value in data.items():
+            field = model.model_fields.get(name)
+            if field is not None:  # an unknown key is reported as one
+                sub = f"{key}.{name}" if key else name
+                out += _mistyped(value, _without_none(field.annotation), sub)
+    elif get_origin(model) is dict and isinstance(data, dict):
+        item = _without_none(get_args(model)[1])
+        if _is_model(item):  # [tools.http.NAME], [agents.NAME]: checked key by key
+            for name, value in data.items():
+                out += _mistyped(value, item, f"{key}.{name}")
+        else:
+            out += _strictly(data, model, key)
+    elif get_origin(model) is list and isinstance(data, list):
+        item = get_args(model)[0]
+        for i, value in enumerate(data):
+            out += _mistyped(value, item, f"{key}[{i}]")
+    elif not (isinstance(data, str) and "${" in data):
+        out += _strictly(data, model, key)
+    return out
+
+
+def _strictly(value: Any, annotation: Any, key: str) -> list[tuple[str, str]]:
+    """A problem at `key` when `value` is of the right type only to lax validation. Strict is
+    JSON's strictness, which TOML's types match: a whole number is a number, a string may be
+    one of an enumeration's values."""
+    adapter = _adapter(annotation)
+    try:
+        lax = adapter.validate_python(value)
+    except ValidationError:
+        return []  # wrong whatever the mode: reported by the validation of the whole
+    if isinstance(value, bool) and not isinstance(lax, bool):
+        return []  # true for a number: each section refuses it, in its own words
+    try:
+        text = json.dumps(value)
+    except TypeError:  # a TOML date in a tool's parameters, which then failed to be sent
+        return [(key, f"a date or a time, which JSON cannot carry, in {_toml(value)}: quote it")]
+    try:
+        adapter.validate_json(text, strict=True)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        quoted = " (in quotes, it is text)" if isinstance(value, str) else ""
+        wanted = _WANTED.get(err["type"])
+        told = f"must be {wanted}" if wanted else str(err["msg"])
+        return [(key, f"{told}, not {_toml(value)}{quoted}")]
+    return []
+
+
+_WANTED = {"bool_type": "true or false", "int_type": "a whole number", "float_type": "a number"}
+
+
+def _toml(value: Any) -> str:
+    """How the file spells a value, near enough: "yes", 1, 2.0, true (a date as text)."""
+    return json.dumps(value, default=str)
+
+
+@functools.cache
+def _adapter(annotation: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(annotation)
 
 
 # keys and list positions from the top of the configuration: ("bindings", 0, "agent")

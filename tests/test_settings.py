@@ -550,6 +550,49 @@ def test_invalid_values_name_their_key(tmp_path: Path, toml: str, key: str) -> N
     assert keys_of(write(tmp_path, toml)) == {key}
 
 
+@pytest.mark.parametrize(
+    ("toml", "key", "message"),
+    [
+        ("[channels.telegram]\nenabled = 1\n", "channels.telegram.enabled", "true or false, not 1"),
+        ('[server]\ntrust_forwarded = "yes"\n', "server.trust_forwarded", 'not "yes"'),
+        ('[channels.web]\nenabled = "off"\n', "channels.web.enabled", 'not "off"'),
+        ('[model]\nstream = "on"\n', "model.stream", 'not "on"'),
+        ('[agent.limits]\ntoken_budget = "7000"\n', "agent.limits.token_budget", "whole number"),
+        ("[store]\npool_size = 2.0\n", "store.pool_size", "a whole number, not 2.0"),
+        ('[agents.x]\nhistory_turns = "3"\n', "agents.x.history_turns", 'not "3"'),
+        (
+            '[tools.http.t]\ndescription = "d"\nurl = "https://a.example.com/"\ntimeout_s = "5"\n',
+            "tools.http.t.timeout_s",
+            "a number",
+        ),
+        (  # JSON has no dates: counting the tool's tokens failed with a traceback
+            '[tools.http.t]\ndescription = "d"\nurl = "https://a.example.com/"\n'
+            'parameters = { type = "object", default = 2024-01-01 }\n',
+            "tools.http.t.parameters",
+            "a date or a time",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_type_in_the_file_is_refused_by_its_key(
+    tmp_path: Path, toml: str, key: str, message: str
+) -> None:
+    """Lax validation took them: `enabled = 1` enabled the channel (and asked for its token),
+    the text "7000" was a number. TOML has a type for each; the file must use it."""
+    problems = problems_of(write(tmp_path, toml))
+    assert [k for k, _ in problems] == [key]
+    assert message in problems[0][1]
+
+
+def test_text_from_the_environment_is_still_read_as_the_keys_type(tmp_path: Path) -> None:
+    """${VAR} and SWITCHBOARD__ values are text by nature: they are parsed, not refused."""
+    body = '[server]\nport = "${PORT}"\n[channels.web]\nenabled = "${WEB_ON:-true}"\n'
+    env = {"PORT": "8123", "SWITCHBOARD__MODEL__STREAM": "off"}
+    env["SWITCHBOARD__STORE__POOL_SIZE"] = "3"
+    s = load_settings(write(tmp_path, body), environ=env)
+    assert (s.server.port, s.channels.web.enabled, s.model.stream) == (8123, True, False)
+    assert s.store.pool_size == 3
+
+
 def test_every_problem_is_reported_not_just_the_first(tmp_path: Path) -> None:
     keys = keys_of(
         write(
