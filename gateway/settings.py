@@ -790,10 +790,14 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
             p.append((f"{key}.knowledge_dir", "empty: name the folder of the knowledge base"))
         elif not _is_dir(agent.settings.knowledge_dir):
             p.append((f"{key}.knowledge_dir", f"not a directory: {agent.settings.knowledge_dir}"))
-        try:
-            discover_skills(agent.settings.skills_dir)
-        except ConfigError as exc:
-            p.extend((f"{key}.skills_dir", f"{k}: {m}") for k, m in exc.problems)
+        own = s.agent if name == DEFAULT_AGENT else s.agents[name]
+        if problem := _skills_dir_problem(agent.settings.skills_dir, own):
+            p.append((f"{key}.skills_dir", problem))
+        else:
+            try:
+                discover_skills(agent.settings.skills_dir)
+            except ConfigError as exc:
+                p.extend((f"{key}.skills_dir", f"{k}: {m}") for k, m in exc.problems)
         known = set(BUILTIN_TOOLS) | set(s.tools.http)
         unknown = sorted(set(agent.settings.tools or ()) - known)
         if unknown:
@@ -814,6 +818,17 @@ def _agent_problems(s: Settings) -> list[tuple[str, str]]:
         if binding.channel is not None and binding.channel not in CHANNEL_NAMES:
             p.append((f"bindings[{i}].channel", f"unknown channel {binding.channel!r}"))
     return p
+
+
+def _skills_dir_problem(folder: str, own: AgentSettings | AgentOverride) -> str | None:
+    """A skills folder the configuration names must exist, as a knowledge_dir must: one
+    misspelt left the agent without its skills, and check said nothing. The default
+    (config/skills) may be absent: an agent needs no skills."""
+    if "skills_dir" not in own.model_fields_set:  # the default, or [agent]'s (checked there)
+        return None
+    if not folder.strip():  # "" is the working directory
+        return "empty: name the folder of the skills (or leave it unset)"
+    return None if _is_dir(folder) else f"not a directory: {folder}"
 
 
 def _has_asyncpg() -> bool:

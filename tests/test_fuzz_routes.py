@@ -154,6 +154,7 @@ def _refused_by_the_http_parser(record: logging.LogRecord) -> bool:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("fuzz")
+    (tmp / "no-skills").mkdir()  # a skills_dir that is set must exist
     ready: dict[str, Any] = {}
     started = threading.Event()
     stop: asyncio.Event | None = None

@@ -323,6 +323,24 @@ def test_an_empty_knowledge_dir_is_refused_not_the_working_directory(tmp_path: P
     assert ("agent.knowledge_dir", "empty: name the folder of the knowledge base") in problems
 
 
+def test_a_skills_dir_that_is_set_must_exist_as_a_knowledge_dir_must(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt skills_dir left the agent without its skills, and check said nothing. Only
+    the default may be absent: an agent needs no skills."""
+    body = '[agent]\nskills_dir = "no/such"\n[agents.x]\ninstructions = "x"\nskills_dir = ""\n'
+    body += '[agents.y]\ninstructions = "y"\n'  # takes [agent]'s: reported there, once
+    problems = [p for p in problems_of(write(tmp_path, body)) if "skills_dir" in p[0]]
+    assert problems == [
+        ("agent.skills_dir", "not a directory: no/such"),
+        ("agents.x.skills_dir", "empty: name the folder of the skills (or leave it unset)"),
+    ]
+    kb = Path("config/knowledge").resolve()
+    monkeypatch.chdir(tmp_path)  # no config/skills here
+    s = load_settings(write(tmp_path, f'[agent]\nknowledge_dir = "{kb}"\n'))
+    assert not Path(s.agent.skills_dir).exists()
+
+
 def test_environ_argument_is_the_environment_for_overrides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
