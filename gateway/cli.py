@@ -27,7 +27,7 @@ from core.access import approve, for_how_long, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.logs import json_line, logs_json, redact, setup_logging
-from gateway.probes import probe_all, webhook_urls
+from gateway.probes import Probe, probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
 from gateway.settings import (
     DEFAULT_CONFIG,
@@ -221,12 +221,21 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
     fail are reported, and exit 1 only with --strict."""
     s = settings
     in_use = None
+    probes: list[Probe] = []
     if not offline:
         try:
             in_use = _try_listen(s.server.host, s.server.port)
         except ConfigError as exc:
             _print_problems(exc.problems, path)
             return EXIT_CONFIG
+        probes = asyncio.run(probe_all(s))
+    store = next((p for p in probes if p.name == "store (PostgreSQL)" and not p.ok), None)
+    # run refuses to start without it (exit 2): so does check, found before any "config ok"
+    # (it said so, then failed)
+    if store is not None:
+        _print_probes(probes)
+        _print_problems([("store.url", store.detail)], path)
+        return EXIT_CONFIG
     print(f"config ok: {config_path(path) or 'built-in defaults'}")
     if in_use:  # most likely the gateway this check comes before a restart of
         print(f"note: {in_use}", file=sys.stderr)
@@ -243,21 +252,18 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
         print("webhook URLs to configure:")
         for platform, url in urls:
             print(f"  {platform}: {url}")
-    if offline:
+    _print_probes(probes)
+    if all(p.ok for p in probes):
         return 0
-    probes = asyncio.run(probe_all(s))
+    print("warning: some live checks failed (see above)", file=sys.stderr)
+    return 1 if strict else 0
+
+
+def _print_probes(probes: list[Probe]) -> None:
     if probes:
         print("live checks:")
     for probe in probes:
         print(f"  {probe.name}: {'ok' if probe.ok else 'FAILED'}: {probe.detail}")
-    if all(p.ok for p in probes):
-        return 0
-    store = next((p for p in probes if p.name == "store (PostgreSQL)" and not p.ok), None)
-    if store is not None:  # run refuses to start without it (exit 2): so does check
-        _print_problems([("store.url", store.detail)], path)
-        return EXIT_CONFIG
-    print("warning: some live checks failed (see above)", file=sys.stderr)
-    return 1 if strict else 0
 
 
 async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:

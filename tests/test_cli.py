@@ -821,3 +821,4 @@ def test_a_postgresql_store_that_cannot_be_opened_names_store_url(
     assert reason in check.stdout
     assert check.returncode == 2  # as run: it said "config ok" and exited 0
     assert "store.url" in check.stderr
+    assert "config ok" not in check.stdout  # said, then "config error" and exit 2
