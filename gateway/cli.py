@@ -158,7 +158,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_CONFIG
     except StoreError as exc:  # the store named by the URL cannot be opened (never printed:
         # it may hold a password)
-        print(f"error: store.url: {exc}", file=sys.stderr)
+        print(f"error: store.url: {exc}{env_source('store.url', os.environ)}", file=sys.stderr)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
@@ -171,7 +171,7 @@ def _no_sqlite_file(settings: Settings) -> bool:
         return False
     print(
         f"error: store.url: no store at {settings.sqlite_path()} (has the gateway run with this"
-        " configuration, from this directory?)",
+        f" configuration, from this directory?){env_source('store.url', os.environ)}",
         file=sys.stderr,
     )
     return True
@@ -234,7 +234,7 @@ def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool)
     # (it said so, then failed)
     if store is not None:
         _print_probes(probes)
-        _print_problems([("store.url", store.detail)], path)
+        _print_problems([_named("store.url", store.detail)], path)
         return EXIT_CONFIG
     print(f"config ok: {config_path(path) or 'built-in defaults'}")
     if in_use:  # most likely the gateway this check comes before a restart of
@@ -272,7 +272,7 @@ async def _telegram_set_webhook(settings: Settings, path: str | None) -> int:
     section, public_url = settings.channels.telegram, settings.server.public_url
     problems = webhook_problems(section, public_url)
     if problems or public_url is None:
-        _print_problems(problems, path)
+        _print_problems([_named(k, m) for k, m in problems], path)
         return EXIT_CONFIG
     try:
         url = await set_webhook(section, public_url)
@@ -341,7 +341,8 @@ def _resolve(host: str, port: int) -> list[_AddrInfo]:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
-        raise ConfigError([("server.host", f"cannot resolve {host!r}: {reason}")]) from None
+        problem = _named("server.host", f"cannot resolve {host!r}: {reason}")
+        raise ConfigError([problem]) from None
     return list(dict.fromkeys(infos))  # a name can resolve to one address twice
 
 
@@ -378,7 +379,12 @@ def _try_listen(host: str, port: int) -> str | None:
 
 
 def _bind_problem(exc: OSError, host: str, port: int, address: str) -> tuple[str, str]:
-    key, msg = _bind_reason(exc, host, port, address)
+    return _named(*_bind_reason(exc, host, port, address))
+
+
+def _named(key: str, msg: str) -> tuple[str, str]:
+    """A problem found here, after the configuration was read, naming the variables that set
+    its key as load_settings does: "cannot resolve" named no SWITCHBOARD__SERVER__HOST."""
     return key, msg + env_source(key, os.environ)
 
 

@@ -364,11 +364,11 @@ def load_settings(
         settings, errors = None, exc.errors()
     finally:
         _SOURCES.reset(token)
-    problems = mistyped + [_problem(e, env) for e in errors if _path(e["loc"]) not in aside]
+    problems = mistyped + [_problem(e, env, data) for e in errors if _path(e["loc"]) not in aside]
     if problems or settings is None:
         problems += _more_problems(data, env, [_path(err["loc"]) for err in errors] + aside)
     else:  # a rule across keys names the variables that set its key, as a field's error does
-        problems = [(k, m + env_source(k, env)) for k, m in semantic_problems(settings)]
+        problems = [(k, _sourced(k, m, env, data)) for k, m in semantic_problems(settings)]
     problems = unset + [p for p in problems if not _covered(p[0], unset)]
     if only is not None:
         problems = [p for p in problems if p[0].split(".")[0].split("[")[0] in only]
@@ -476,7 +476,7 @@ def _more_problems(
                     stand_ins.append(p)
                 else:  # news: a problem of its own, not one of setting something aside
                     bad.append(p)
-                    found.append(_problem(err, env))
+                    found.append(_problem(err, env, data))
             # a stand-in inside a section now set aside would bring that section back
             stand_ins = [s for s in stand_ins if not any(s[: len(b)] == b and s != b for b in bad)]
             continue
@@ -487,7 +487,7 @@ def _more_problems(
         names = {str(b[2]) for b in bad if b[:2] == ("tools", "http") and len(b) > 2}
         names |= {str(b[1]) for b in bad if b[:1] == ("agents",) and len(b) > 1}
         return found + [
-            (k, m + env_source(k, env))
+            (k, _sourced(k, m, env, data))
             for k, m in semantic_problems(settings)
             if not _near(_key_path(k), bad)
             and not (_uses_names(k) and any(re.search(rf"\b{re.escape(n)}\b", m) for n in names))
@@ -618,18 +618,50 @@ def _interpolate(
     return _VAR.sub(repl, value)
 
 
-def _problem(err: Any, env: Mapping[str, str]) -> tuple[str, str]:
+def _problem(err: Any, env: Mapping[str, str], data: dict[str, Any]) -> tuple[str, str]:
     key = _key(err["loc"]) or "config"
-    source = env_source(key, env)
     if err["type"] == "extra_forbidden":
-        return key, f"unknown key{source}"
+        return key, "unknown key" + env_source(key, env)
     msg = str(err["msg"]).removeprefix("Value error, ")
-    return key, msg + source
+    return key, _sourced(key, msg, env, data, missing=err["type"] == "missing")
+
+
+def _sourced(
+    key: str, msg: str, env: Mapping[str, str], data: dict[str, Any], *, missing: bool = False
+) -> str:
+    """`msg` naming the variables behind the problem at `key`: those that set it, else those
+    that made it required. A tool that SWITCHBOARD__TOOLS__HTTP__NAME__HEADERS alone made
+    lacks its description, and a channel a variable enabled lacks its token: both named no
+    variable, although the file had no such tool and the channel off."""
+    source = env_source(key, env)
+    parent = key.rpartition(".")[0]
+    if source or not parent:
+        return msg + source
+    if missing and not _in_file(data, _key_path(parent)):
+        return msg + env_source(parent, env)
+    if msg.startswith("required when the channel is enabled"):  # (in a mode)
+        causes = ("enabled", "mode") if "mode" in msg else ("enabled",)
+        return msg + _from({n for k in causes for n in _env_names(f"{parent}.{k}", env)})
+    return msg
+
+
+def _in_file(data: Any, path: _KeyPath) -> bool:
+    """Whether the file has the table (or list item) at `path`."""
+    for part in path:
+        listed = isinstance(part, int) and isinstance(data, list) and part < len(data)
+        if not (listed or (isinstance(data, dict) and part in data)):
+            return False
+        data = data[part]
+    return True
 
 
 def env_source(key: str, env: Mapping[str, str]) -> str:
     """ " (from SWITCHBOARD__…)" naming the variables that set `key` (the key itself, a list
     holding it, or a part of it), or "" when only the file did."""
+    return _from(_env_names(key, env))
+
+
+def _env_names(key: str, env: Mapping[str, str]) -> set[str]:
     # "bindings[0].agent" is in the list SWITCHBOARD__BINDINGS sets
     path = re.sub(r"\[\d+\]", "", key)
     var = ENV_PREFIX + path.replace(".", "__").upper()
@@ -640,8 +672,11 @@ def env_source(key: str, env: Mapping[str, str]) -> str:
             return False
         return n == var or var.startswith(f"{n}__") or n.startswith(f"{var}__")
 
-    names = sorted(n for n in env if sets_it(n))
-    return f" (from {', '.join(names)})" if names else ""
+    return {n for n in env if sets_it(n)}
+
+
+def _from(names: set[str]) -> str:
+    return f" (from {', '.join(sorted(names))})" if names else ""
 
 
 def is_ip_address(host: str) -> bool:

@@ -233,7 +233,9 @@ def test_run_with_a_host_name_that_does_not_resolve_exits_2(
     monkeypatch.setattr(cli_module.web, "run_app", lambda *_, **__: pytest.fail("served"))
     monkeypatch.setenv("SWITCHBOARD__SERVER__HOST", "nowhere.example")
     assert cli_module.main(["run", "--config", str(good_config(tmp_path))]) == 2
-    assert "server.host: cannot resolve 'nowhere.example'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "server.host: cannot resolve 'nowhere.example'" in err
+    assert err.rstrip().endswith("(from SWITCHBOARD__SERVER__HOST)")  # the README's promise
 
 
 def test_run_on_a_port_in_use_exits_2_naming_server_port(tmp_path: Path) -> None:

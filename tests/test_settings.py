@@ -492,6 +492,27 @@ def test_a_variable_under_a_key_that_takes_no_table_is_named(
     assert msg.endswith("(from SWITCHBOARD__SERVER__PORT__X)")
 
 
+def test_what_a_variable_made_required_names_the_variable(tmp_path: Path) -> None:
+    """A tool only SWITCHBOARD__…__HEADERS made lacks its description, and a channel a
+    variable enabled lacks its token: both were reported with no variable named, although
+    the file had no such tool and the channel off."""
+    env = {
+        "SWITCHBOARD__TOOLS__HTTP__ORDER_STATUS__HEADERS": '{"Authorization": "Bearer x"}',
+        "SWITCHBOARD__CHANNELS__SLACK__ENABLED": "true",
+        "SWITCHBOARD__CHANNELS__SLACK__MODE": "socket",
+    }
+    body = '[tools.http.lookup]\nurl = "https://api.example.com/x"\n'
+    body += "[channels.slack]\nenabled = false\n"
+    problems = dict(problems_of(write(tmp_path, body), environ=env))
+    tool = "(from SWITCHBOARD__TOOLS__HTTP__ORDER_STATUS__HEADERS)"
+    assert problems["tools.http.order_status.description"] == f"Field required {tool}"
+    assert problems["tools.http.lookup.description"] == "Field required"  # the file's tool
+    enabled = "SWITCHBOARD__CHANNELS__SLACK__ENABLED"
+    assert problems["channels.slack.bot_token"].endswith(f"enabled (from {enabled})")
+    mode = "SWITCHBOARD__CHANNELS__SLACK__MODE"
+    assert problems["channels.slack.app_token"].endswith(f"(from {enabled}, {mode})")
+
+
 # server.host, checked without the network
 
 
