@@ -129,15 +129,16 @@ def _main(argv: Sequence[str] | None) -> int:
     _log_options(cmd, top=False)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format)
+    as_log = args.command == "run"  # the service's log: one format, JSON under systemd
     try:  # pairing needs only the store, not every channel's secrets in its environment
         only = ("store",) if args.command == "pairing" else None
         settings = load_settings(args.config, only=only)
     except ConfigError as exc:
-        _print_problems(exc.problems, args.config)
+        _print_problems(exc.problems, args.config, as_log=as_log)
         return EXIT_CONFIG
     redact(secret_values(settings))
     for key, msg in settings_warnings(settings):
-        if args.command == "run":  # the service's log: one format, JSON under systemd
+        if as_log:
             log.warning("config: %s: %s", key, msg)
         else:
             print(f"warning: {key}: {msg}", file=sys.stderr)
@@ -154,11 +155,11 @@ def _main(argv: Sequence[str] | None) -> int:
             return _run(settings)
         return asyncio.run(_chat(settings))
     except ConfigError as exc:  # e.g. server.host or server.port cannot be bound
-        _print_problems(exc.problems, args.config)
+        _print_problems(exc.problems, args.config, as_log=as_log)
         return EXIT_CONFIG
     except StoreError as exc:  # the store named by the URL cannot be opened (never printed:
         # it may hold a password)
-        print(f"error: store.url: {exc}{env_source('store.url', os.environ)}", file=sys.stderr)
+        _print_error(": ".join(_named("store.url", str(exc))), as_log=as_log)
         return EXIT_CONFIG
     except KeyboardInterrupt:
         return 130
@@ -205,15 +206,31 @@ def _without_password(url: str) -> str:
     return re.sub(r"(//[^:/@]+:)[^@]*@", r"\1***@", url)
 
 
-def _print_problems(problems: list[tuple[str, str]], path: str | None) -> None:
+def _print_problems(
+    problems: list[tuple[str, str]], path: str | None, *, as_log: bool = False
+) -> None:
+    """On stderr: a heading and a line per problem, or, as_log where the log is JSON lines,
+    one JSON line per problem (the plain lines among them broke what reads the log)."""
     where = config_path(path)
     if where is None:  # e.g. run outside the checkout: the defaults' relative paths miss too
         where_text = f"no file: neither {DEFAULT_CONFIG} nor {EXAMPLE_CONFIG} in {Path.cwd()}"
     else:
         where_text = str(where)
+    if as_log and logs_json():
+        for key, msg in problems:
+            log.error("config error (%s): %s: %s", where_text, key, msg)
+        return
     print(f"config error ({where_text}):", file=sys.stderr)
     for key, msg in problems:
         print(f"  {key}: {msg}", file=sys.stderr)
+
+
+def _print_error(text: str, *, as_log: bool = False) -> None:
+    """ "error: …" on stderr, or, as_log where the log is JSON lines, a JSON line."""
+    if as_log and logs_json():
+        log.error("error: %s", text)
+    else:
+        print(f"error: {text}", file=sys.stderr)
 
 
 def _check(settings: Settings, path: str | None, *, offline: bool, strict: bool) -> int:

@@ -23,6 +23,7 @@ import pytest
 from aiohttp import web
 
 from channels.console import Console
+from core.errors import StoreError
 from core.models import OutboundPart, Reply, SessionKey
 from core.sessions import RESET_REPLY
 from gateway import cli as cli_module
@@ -146,13 +147,38 @@ def test_run_with_a_bad_config_exits_2_with_the_same_messages(tmp_path: Path) ->
     bad = tmp_path / "bad.toml"
     bad.write_text(BAD_TOML, encoding="utf-8")
     check = cli("check", "--config", str(bad))
-    proc = cli("run", "--config", str(bad))
+    proc = cli("run", "--config", str(bad), "--log-format", "text")
     assert proc.returncode == 2
     for key in BAD_KEYS:
         assert f"{key}:" in proc.stderr
     assert proc.stderr == check.stderr
     assert "serving" not in proc.stdout
     assert_no_traceback(proc)
+
+
+def test_run_reports_config_errors_as_json_lines_where_the_log_is_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """deploy/README.md promises JSON lines on stderr: run's configuration errors were a
+    plain heading and indented lines, and a store it could not open "error: store.url: …"."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD_TOML, encoding="utf-8")
+    monkeypatch.setenv("SWITCHBOARD_LOG_FORMAT", "json")
+    assert cli_module.main(["run", "--config", str(bad)]) == 2
+    entries = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert len(entries) == len(BAD_KEYS)  # one object per problem
+    for key in BAD_KEYS:
+        assert any(f": {key}: " in e["msg"] and e["level"] == "error" for e in entries), key
+
+    def unopenable(_: object) -> None:
+        raise StoreError('cannot open PostgreSQL store: database "nodb" does not exist')
+
+    monkeypatch.setattr(cli_module, "build_app", unopenable)
+    assert cli_module.main(["run", "--config", str(good_config(tmp_path, free_port()))]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert json.loads(line)["msg"].startswith(
+        'error: store.url: cannot open PostgreSQL store: database "nodb"'
+    )
 
 
 def test_env_override_error_exits_2_naming_the_key() -> None:
@@ -232,7 +258,8 @@ def test_run_with_a_host_name_that_does_not_resolve_exits_2(
     unresolvable(monkeypatch)
     monkeypatch.setattr(cli_module.web, "run_app", lambda *_, **__: pytest.fail("served"))
     monkeypatch.setenv("SWITCHBOARD__SERVER__HOST", "nowhere.example")
-    assert cli_module.main(["run", "--config", str(good_config(tmp_path))]) == 2
+    config = str(good_config(tmp_path))
+    assert cli_module.main(["run", "--config", config, "--log-format", "text"]) == 2
     err = capsys.readouterr().err
     assert "server.host: cannot resolve 'nowhere.example'" in err
     assert err.rstrip().endswith("(from SWITCHBOARD__SERVER__HOST)")  # the README's promise
@@ -813,7 +840,7 @@ def test_a_postgresql_store_that_cannot_be_opened_names_store_url(
     config.write_text(
         f'[server]\nport = {free_port()}\n[store]\nurl = "{PG_BASE.rsplit("/", 1)[0]}/{database}"\n'
     )
-    run = cli("run", "--config", str(config))
+    run = cli("run", "--config", str(config), "--log-format", "text")
     assert run.returncode == 2
     assert "store.url" in run.stderr
     assert reason in run.stderr
