@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,26 @@ def test_the_shipped_example_loads_clean() -> None:
     assert s.model.provider == "offline"
     assert s.channels.web.enabled
     assert settings_warnings(s) == []
+
+
+def test_the_shipped_example_shows_each_key_it_sets_with_its_default() -> None:
+    """The README says it holds every key with its default: it set agent.timezone to
+    "America/New_York", whose default is "UTC". An example value is a comment, except the
+    demo shop's instructions."""
+    example = tomllib.loads(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+
+    def differing(data: dict[str, Any], model: Any, key: str) -> list[tuple[str, Any, Any]]:
+        out = []
+        for name, value in data.items():
+            default = getattr(model, name)
+            if isinstance(value, dict):
+                out += differing(value, default, f"{key}{name}.")
+            elif value != default:
+                out.append((f"{key}{name}", value, default))
+        return out
+
+    found = differing(example, Settings(), "")
+    assert [key for key, _, _ in found] == ["agent.instructions"], found
 
 
 def test_values_from_the_file_are_used(tmp_path: Path) -> None:
