@@ -26,6 +26,7 @@ from channels.console import Console
 from core.access import approve, for_how_long, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
+from gateway.config_checks import secret_values, settings_warnings
 from gateway.logs import json_line, logs_json, redact, setup_logging
 from gateway.probes import Probe, probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
@@ -36,8 +37,6 @@ from gateway.settings import (
     config_path,
     env_source,
     load_settings,
-    secret_values,
-    settings_warnings,
 )
 
 __all__ = ["main"]

@@ -15,7 +15,8 @@ from core.errors import ConfigError
 from core.routing import Binding, Router
 from gateway.agents_config import AgentOverride, AgentSettings
 from gateway.app import build_app
-from gateway.settings import load_settings, settings_warnings
+from gateway.config_checks import settings_warnings
+from gateway.settings import load_settings
 from tests.fake_openai import FakeOpenAI
 from tests.loopback import serve
 

@@ -14,13 +14,8 @@ import pytest
 from core.errors import ConfigError
 from core.sessions import QueueMode
 from gateway.agents_config import DEFAULT_INSTRUCTIONS
-from gateway.settings import (
-    EXAMPLE_CONFIG,
-    Settings,
-    load_settings,
-    secret_values,
-    settings_warnings,
-)
+from gateway.config_checks import secret_values, settings_warnings
+from gateway.settings import EXAMPLE_CONFIG, Settings, load_settings
 from gateway.tools import standing_tokens
 
 

@@ -14,8 +14,9 @@ from aiohttp import web
 
 from core.redact import Blanker
 from gateway.admin.auth import AdminAuth
+from gateway.config_checks import secret_values
 from gateway.http import page_csp
-from gateway.settings import Settings, secret_values
+from gateway.settings import Settings
 
 __all__ = ["ADMIN", "AdminState", "Changes", "Page", "Redactor"]
 
