@@ -518,6 +518,23 @@ async def test_long_history_goes_before_the_tools_do() -> None:
     assert outcome.text == "5"
 
 
+async def test_a_prompt_too_big_for_tools_keeps_its_history() -> None:
+    """Where no trimming could make room for a tool call, all the history went for nothing:
+    the agent answered without tools and without the conversation (found by review)."""
+    base, est1, _, _ = _budget_case()
+    budget = est1 + base.max_output_tokens + est1 + 2 * base.max_output_tokens - 1
+    limits = Limits(token_budget=budget)  # the message alone leaves the tools no room
+    history = [ChatMessage("user", "my order is 4411"), ChatMessage("assistant", "noted")]
+    model = ScriptedModel()
+    model.add(text("4411"))
+
+    await _run(model, limits, turn=_turn("add 2 and 3", history=history))
+
+    first = model.requests[0]
+    assert first.tool_choice == "none"
+    assert first.messages[1:3] == tuple(history)
+
+
 async def test_a_message_alone_past_the_budget_is_not_sent_to_the_model() -> None:
     model = ScriptedModel()
     model.add(text("never"))

@@ -20,6 +20,7 @@ from core.agent.model import (
     ModelRequest,
     ModelResponse,
     ToolCall,
+    ToolSpec,
     estimate_messages,
     estimate_tokens,
     estimate_tools,
@@ -191,18 +192,20 @@ class AgentLoop:
             )
 
         # the budget binds the first call too: the oldest history goes until the call fits
-        # and, with tools, until a tool call and the answer after it fit (one long message in
-        # the history made every turn answer without its tools, for as long as it stayed there)
+        # and, where that lets the tools be used, until a tool call and the answer after it
+        # fit (one long message in the history made every turn answer without its tools, for
+        # as long as it stayed there; a prompt too big for tools keeps its history)
         smallest = min(32, lim.max_output_tokens)  # the least output worth asking for
+        older = len(turn.history)
+        alone = messages[:1] + messages[1 + older :]  # the call without any history
+        for_tools = self._tools_fit(out, tools, tools_cost + estimate_messages(alone))
 
         def too_big() -> bool:
             est = tools_cost + estimate_messages(messages)
-            if est + smallest > lim.token_budget:
-                return True
-            _, reason = self._final_reason(1, out, tools != (), 0, est)
-            return reason == "token_budget"
+            return est + smallest > lim.token_budget or (
+                for_tools and not self._tools_fit(out, tools, est)
+            )
 
-        older = len(turn.history)
         while older and too_big():
             del messages[1]  # right after the system prompt
             older -= 1
@@ -368,6 +371,11 @@ class AgentLoop:
         if warning := warning_text(report):
             out.text = f"{out.text}\n\n{warning}"
             await emit(TextDelta(turn.run_id, f"\n\n{warning}"))
+
+    def _tools_fit(self, out: RunOutcome, tools: tuple[ToolSpec, ...], est_input: int) -> bool:
+        """Whether a first call of this size may use tools as far as the budget goes."""
+        _, reason = self._final_reason(1, out, tools != (), 0, est_input)
+        return bool(tools) and reason != "token_budget"
 
     def _final_reason(
         self, step: int, out: RunOutcome, has_tools: bool, spent: int, est_input: int
