@@ -9,6 +9,7 @@ import ipaddress
 import math
 import random
 import resource
+from collections import Counter
 from importlib import resources
 from typing import NamedTuple
 
@@ -76,10 +77,35 @@ GATE = web.AppKey("webchat_gate", PostGate)
 class Streams:
     """How many event streams are open, at most `limit`: each holds a connection (a file
     descriptor) for as long as the page is open, and streams must not take the descriptors
-    the webhooks need."""
+    the webhooks need. One client address (an IPv6 /64) holds at most an eighth of them: one
+    client opening streams until the cap cut every other visitor's live replies off. An
+    eighth, not a handful: many people may share an address (an office, a carrier's NAT).
+    Loopback is not counted apart, as for posts."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.open = limit, 0
+        self.per_client = max(4, limit // 8)
+        self._by_client: Counter[str] = Counter()
+
+    def take(self, address: str | None) -> str | None:
+        """Count a stream in, or say why not (None: taken)."""
+        key = "" if address is None or _loopback(address) else client_key(address)
+        if self.open >= self.limit:
+            return "too many live chats open; the page tries again shortly"
+        if key and self._by_client[key] >= self.per_client:
+            return "too many live chats open from your address; the page tries again shortly"
+        self.open += 1
+        if key:
+            self._by_client[key] += 1
+        return None
+
+    def give_back(self, address: str | None) -> None:
+        self.open -= 1
+        key = "" if address is None or _loopback(address) else client_key(address)
+        if key:
+            self._by_client[key] -= 1
+            if not self._by_client[key]:
+                del self._by_client[key]
 
 
 def _streams_max() -> int:
@@ -248,24 +274,24 @@ async def history(request: web.Request) -> web.StreamResponse:
 async def events(request: web.Request) -> web.StreamResponse:
     chat: WebChat = request.app[WEBCHAT]
     streams = request.app[STREAMS]
-    if streams.open >= streams.limit:
-        busy = json_error(503, "too many live chats open; the page tries again shortly")
+    # counted before any wait: requests coming together are counted together
+    if (refused := streams.take(request.remote)) is not None:
+        busy = json_error(503, refused)
         busy.headers["Retry-After"] = "30"
         return busy
-    streams.open += 1  # before any wait: requests coming together are counted together
     try:
         browser = await _browser(request)
         response = web.StreamResponse(
-            headers={
+            headers={  # no-store: it may set the cookie that opens the conversation
+                **PRIVATE,
                 "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no",
             }
         )
         _set_cookie(response, browser.cookie, request)
         return await _stream(request, response, chat, browser.conversation)
     finally:
-        streams.open -= 1
+        streams.give_back(request.remote)
 
 
 async def _stream(

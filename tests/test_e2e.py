@@ -467,6 +467,7 @@ async def test_a_chat_is_never_cached_and_its_streams_leave_room_for_the_webhook
         assert history.headers["Vary"] == "Cookie"
         async with client.stream("GET", "/chat/events", timeout=None) as first:
             assert first.status_code == 200
+            assert first.headers["Cache-Control"] == "no-store"  # it may set the cookie
             second = await client.get("/chat/events")
             assert second.status_code == 503
             assert second.headers["Retry-After"] == "30"
@@ -476,6 +477,35 @@ async def test_a_chat_is_never_cached_and_its_streams_leave_room_for_the_webhook
                 await asyncio.sleep(0.01)
         async with client.stream("GET", "/chat/events", timeout=None) as again:
             assert again.status_code == 200
+
+
+async def test_one_client_address_cannot_take_every_live_stream(
+    tmp_path: Path, start_gateway: Callable[..., Any]
+) -> None:
+    """One client opening streams until the cap cut every other visitor's live replies off:
+    an address holds at most its share, and another address still gets a stream."""
+    config = write_config(tmp_path, None)
+    config.write_text(
+        config.read_text().replace("[server]\n", "[server]\ntrust_forwarded = true\n")
+    )
+    gw: Gateway = await start_gateway(config)
+    gw.runner.app[STREAMS].per_client = 1
+
+    def stream_from(client: httpx.AsyncClient, address: str) -> Any:
+        forwarded = {"X-Forwarded-For": address}
+        return client.stream("GET", "/chat/events", headers=forwarded, timeout=None)
+
+    async with (
+        gw.client() as hog,
+        gw.client() as visitor,
+        stream_from(hog, "203.0.113.7") as first,
+    ):
+        assert first.status_code == 200
+        again = await hog.get("/chat/events", headers={"X-Forwarded-For": "203.0.113.7"})
+        assert again.status_code == 503
+        assert "your address" in again.json()["error"]
+        async with stream_from(visitor, "198.51.100.9") as other:
+            assert other.status_code == 200
 
 
 async def test_one_client_address_cannot_post_without_limit(
