@@ -309,6 +309,22 @@ async def test_signing_out_revokes_the_cookie_and_ends_its_live_stream(
         assert (await thief.get("/admin/api/sessions")).status_code == 401
 
 
+async def test_another_sites_form_cannot_sign_the_operator_out(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The sign-out route was outside the origin check: a page elsewhere posting a form to
+    /admin/logout cleared the operator's cookie (found by review)."""
+    path = config(tmp_path, model_url=None, store_url=store_url)
+    async with gateway(path) as gw, gw.client() as c:
+        assert (await c.post("/admin/login", json={"token": TOKEN})).status_code == 200
+        evil = await c.post("/admin/logout", headers={"Origin": "https://evil.example"})
+        assert evil.status_code == 403
+        assert "set-cookie" not in evil.headers
+        assert (await c.get("/admin/api/sessions")).status_code == 200
+        ours = await c.post("/admin/logout", headers={"Origin": gw.url})
+        assert ours.status_code == 303
+
+
 def test_cookies_expire_and_failed_logins_are_throttled() -> None:
     auth = AdminAuth(TOKEN, ttl_s=60)
     cookie = auth.cookie(now=1000.0)

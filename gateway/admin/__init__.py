@@ -27,7 +27,7 @@ from gateway.admin import api
 from gateway.admin.auth import COOKIE, COOKIE_PATH, AdminAuth, too_many_failures
 from gateway.admin.events import events
 from gateway.admin.state import ADMIN, AdminState, Page, Redactor
-from gateway.http import client_key, json_error, read_form, read_json
+from gateway.http import client_key, json_error, read_form, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS
 
 __all__ = ["add_routes"]
@@ -115,8 +115,11 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 
 async def logout(request: web.Request) -> web.StreamResponse:
-    """Revoke the cookie (a copy of it stops working too, on every replica) and clear it."""
+    """Revoke the cookie (a copy of it stops working too, on every replica) and clear it.
+    Another site's page cannot: its form post signed the operator out."""
     state = request.app[ADMIN]
+    if not same_origin(request, state.auth.public_url):
+        return json_error(403, "cross-origin request refused")
     response: web.StreamResponse
     try:
         await state.auth.sign_out(request.cookies.get(COOKIE))
