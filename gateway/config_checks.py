@@ -10,10 +10,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import (
-    BaseModel,
-    SecretStr,
-)
+from pydantic import BaseModel, SecretStr
 
 from channels.config import url_problem
 from core.agent.scripted import load_script
