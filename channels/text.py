@@ -17,14 +17,14 @@ and Slack show no style inside a word and dropped the markers; Telegram italicis
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import regex
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-__all__ = ["MAX_NESTING", "cluster_cut", "clusters", "link", "parse"]
+__all__ = ["MAX_NESTING", "cluster_cut", "clusters", "link", "parse", "shared_styles"]
 
 _CLUSTER = regex.compile(r"\X")
 # markdown-it's default preset: 49 nested lists or 99 nested quotes, far below Python's
@@ -61,6 +61,17 @@ def cluster_cut(text: str, start: int, end: int) -> int:
             break
         cut = match.end()
     return cut if cut > start else end
+
+
+def shared_styles(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many styles two stacks (outermost first) share from the outside: those stay open
+    from one span to the next, the rest close and open."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def parse(md: MarkdownIt, markdown: str) -> list[Token]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
-from channels.text import cluster_cut
+from channels.text import cluster_cut, shared_styles
 
 __all__ = ["MAX_ENTITIES", "MAX_UNITS", "Rich", "Tag", "utf16_len"]
 
@@ -103,7 +103,7 @@ class Rich:
                 if starts[i] + len(text) >= end:
                     break
                 continue
-            keep = _common(current, stack)
+            keep = shared_styles(current, stack)
             out.extend(tag.close() for tag in reversed(current[keep:]))
             out.extend(tag.open() for tag in stack[keep:])
             out.append(escape(text[lo:hi], quote=False))
@@ -129,7 +129,7 @@ class Rich:
         current: Stack = ()
         pos = 0
         for text, stack in self.spans:
-            keep = _common(current, stack)
+            keep = shared_styles(current, stack)
             out += _whole(current[keep:], opened[keep:], pos)
             opened = opened[:keep] + [pos] * (len(stack) - keep)
             names = {tag.name for tag in stack if tag.name in _SPLITTABLE}
@@ -163,15 +163,6 @@ def _whole(tags: Stack, opened: Sequence[int], end: int) -> list[tuple[int, int]
     return [
         (start, end) for tag, start in zip(tags, opened, strict=True) if tag.name not in _SPLITTABLE
     ]
-
-
-def _common(a: Stack, b: Stack) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def split(

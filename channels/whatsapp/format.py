@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
-from channels.text import MAX_NESTING, clusters, parse
+from channels.text import MAX_NESTING, clusters, parse, shared_styles
 
 __all__ = [
     "MAX_TEXT",
@@ -94,9 +94,7 @@ def render_spans(spans: list[Span]) -> str:
             continue
         lead = span.text[: len(span.text) - len(span.text.lstrip())]
         marks = list(span.marks)
-        keep = 0
-        while keep < min(len(stack), len(marks)) and stack[keep] == marks[keep]:
-            keep += 1
+        keep = shared_styles(stack, marks)
         close(stack[keep:])
         del stack[keep:]
         out.append(pending + lead)
@@ -149,9 +147,7 @@ def _shown(spans: list[Span]) -> list[Span]:
 def _between(left: tuple[str, ...], right: tuple[str, ...]) -> str:
     """The markers `render_spans` writes between a span styled `left` and the next, styled
     `right`: the styles only `left` has closed, innermost first, then those `right` opens."""
-    keep = 0
-    while keep < min(len(left), len(right)) and left[keep] == right[keep]:
-        keep += 1
+    keep = shared_styles(left, right)
     return "".join(reversed(left[keep:])) + "".join(right[keep:])
 
 
