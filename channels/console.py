@@ -15,6 +15,7 @@ from core.models import InboundMessage, MessageKind, OutboundPart, Sender, Sessi
 __all__ = ["Console"]
 
 CHANNEL = "console"
+CLOSED = "the terminal's output is closed"
 
 
 class Console:
@@ -51,27 +52,27 @@ class Console:
 
     def _write(self, text: str) -> None:
         if self.gone:
-            raise ChannelError("the terminal's output is closed")
+            raise ChannelError(CLOSED)
         try:
             self._out.write(text)
             self._out.flush()
         except BrokenPipeError:  # every later reply would be retried for a day, and the
             # chat waited for them: it never ended
             self.gone = True
-            raise ChannelError("the terminal's output is closed") from None
+            raise ChannelError(CLOSED) from None
         self._open = not text.endswith("\n")
 
     def end_line(self) -> None:
         """End the line an answer is streaming on, so a log line written to the same terminal
         starts on its own line (the run's "ok" came stuck to the answer's last word)."""
-        if self._open and not self.gone:
-            with contextlib.suppress(ChannelError):
+        if self._open:
+            with contextlib.suppress(ChannelError):  # closed: nothing to end
                 self._write("\n")
 
     async def send(self, key: SessionKey, part: OutboundPart) -> str | None:
         shown = self._streamed.pop(part.run_id, None) if part.run_id else None
         if self.gone:  # streamed into a closed output: not shown
-            raise ChannelError("the terminal's output is closed")
+            raise ChannelError(CLOSED)
         self.end_line()
         if shown is None or shown.strip() != part.reply.text.strip():
             self._write(f"agent> {part.reply.text}\n")

@@ -86,9 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader went away (`switchboard check | head -1`)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        _drop_stdout()
         return 1
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone: no second BrokenPipeError when
+    Python flushes it at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -448,8 +453,8 @@ async def _chat(settings: Settings) -> int:
         await runtime.manager.wait_idle()
     finally:
         await runtime.aclose()
-    if console.gone:  # no second error when Python flushes stdout at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if console.gone:
+        _drop_stdout()
         return 1
     return 0
 

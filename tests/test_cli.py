@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -89,6 +90,19 @@ def good_config(tmp_path: Path, port: int = 8080) -> Path:
         encoding="utf-8",
     )
     return path
+
+
+def chat_process(tmp_path: Path, **popen: Any) -> subprocess.Popen[str]:
+    """`switchboard chat` on the good config, its stdin and stderr piped, as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
+        cwd=ROOT,
+        env=clean_env(),
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def assert_no_traceback(proc: subprocess.CompletedProcess[str]) -> None:
@@ -555,15 +569,7 @@ def test_chat_answers_from_the_knowledge_base(tmp_path: Path) -> None:
 def test_chat_whose_output_is_closed_ends(tmp_path: Path) -> None:
     """`switchboard chat | head -c 20` never ended: each reply was retried for a day and
     the chat waited for it, logging a traceback per streamed word."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
-        cwd=ROOT,
-        env=clean_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = chat_process(tmp_path, stdout=subprocess.PIPE)
     assert proc.stdin is not None
     assert proc.stdout is not None
     assert proc.stderr is not None
@@ -755,14 +761,9 @@ def test_a_log_level_or_format_that_does_not_exist_exits_2_naming_it() -> None:
 def test_ctrl_c_at_the_chat_prompt_ends_it_at_once(tmp_path: Path) -> None:
     """stdin stays open (nobody typed Enter): SIGINT must end the chat without waiting for a
     line, and nothing typed later is taken."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "chat", "--config", str(good_config(tmp_path))],
-        cwd=ROOT,
-        env=clean_env(),
-        stdin=subprocess.PIPE,
+    proc = chat_process(
+        tmp_path,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
         # as a terminal starts it: a suite run as a background job (`make test &`) ignores
         # SIGINT, and its children would inherit that and never hear the Ctrl+C
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
