@@ -89,7 +89,7 @@ class Streams:
 
     def take(self, address: str | None) -> str | None:
         """Count a stream in, or say why not (None: taken)."""
-        key = "" if address is None or _loopback(address) else client_key(address)
+        key = _counted_as(address)
         if self.open >= self.limit:
             return "too many live chats open; the page tries again shortly"
         if key and self._by_client[key] >= self.per_client:
@@ -101,11 +101,15 @@ class Streams:
 
     def give_back(self, address: str | None) -> None:
         self.open -= 1
-        key = "" if address is None or _loopback(address) else client_key(address)
-        if key:
+        if key := _counted_as(address):
             self._by_client[key] -= 1
             if not self._by_client[key]:
                 del self._by_client[key]
+
+
+def _counted_as(address: str | None) -> str:
+    """Whom a stream counts against: the client's address (its /64), or "" on loopback."""
+    return "" if address is None or _loopback(address) else client_key(address)
 
 
 def _streams_max() -> int:
