@@ -11,7 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, fi
 from core.access import Access, AccessRule
 from core.policies import ChannelPolicy, QueueMode
 
-__all__ = ["ChannelSection", "Section", "present", "required_when_enabled", "secret"]
+__all__ = [
+    "REQUIRED_WHEN_ENABLED",
+    "ChannelSection",
+    "Section",
+    "present",
+    "required_when_enabled",
+    "secret",
+]
+
+# how a missing secret of an enabled channel is reported ("… in webhook mode" where a mode
+# asks for it): the configuration names the variables that enabled it by these words
+REQUIRED_WHEN_ENABLED = "required when the channel is enabled"
 
 
 class Section(BaseModel):
@@ -114,7 +125,7 @@ def present(value: object) -> bool:
 def required_when_enabled(value: Any, info: ValidationInfo) -> Any:
     """Channels fail closed: an enabled channel without its secrets does not start."""
     if info.data.get("enabled") and not present(value):
-        raise ValueError("required when the channel is enabled")
+        raise ValueError(REQUIRED_WHEN_ENABLED)
     return value
 
 

@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from channels.config import ChannelSection
+from channels.config import REQUIRED_WHEN_ENABLED, ChannelSection
 from channels.config import Section as _Section
 from channels.slack.settings import SlackSettings
 from channels.telegram.settings import TelegramSettings
@@ -633,7 +633,7 @@ def _sourced(
         return msg + source
     if missing and not _in_file(data, _key_path(parent)):
         return msg + env_source(parent, env)
-    if msg.startswith("required when the channel is enabled"):  # (in a mode)
+    if msg.startswith(REQUIRED_WHEN_ENABLED):  # (in a mode)
         causes = ("enabled", "mode") if "mode" in msg else ("enabled",)
         return msg + _from({n for k in causes for n in _env_names(f"{parent}.{k}", env)})
     return msg

@@ -6,7 +6,14 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 
-from channels.config import ChannelSection, http_url, present, required_when_enabled, secret
+from channels.config import (
+    REQUIRED_WHEN_ENABLED,
+    ChannelSection,
+    http_url,
+    present,
+    required_when_enabled,
+    secret,
+)
 
 __all__ = ["SlackSettings"]
 
@@ -37,7 +44,7 @@ class SlackSettings(ChannelSection):
     @classmethod
     def _app_token(cls, value: Any, info: ValidationInfo) -> Any:
         if info.data.get("mode") == "socket" and info.data.get("enabled") and not present(value):
-            raise ValueError('required when the channel is enabled with mode = "socket"')
+            raise ValueError(f'{REQUIRED_WHEN_ENABLED} with mode = "socket"')
         return value
 
     @field_validator("file_hosts", mode="before")

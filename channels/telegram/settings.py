@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 
-from channels.config import ChannelSection, http_url, present, required_when_enabled, secret
+from channels.config import (
+    REQUIRED_WHEN_ENABLED,
+    ChannelSection,
+    http_url,
+    present,
+    required_when_enabled,
+    secret,
+)
 
 __all__ = ["DEFAULT_UPDATES", "TelegramSettings"]
 
@@ -63,5 +70,5 @@ class TelegramSettings(ChannelSection):
         webhook = self.enabled and self.effective_mode(public_url) == "webhook"
         if webhook and not present(self.webhook_secret):
             key = "channels.telegram.webhook_secret"
-            return [(key, "required when the channel is enabled in webhook mode")]
+            return [(key, f"{REQUIRED_WHEN_ENABLED} in webhook mode")]
         return []
