@@ -47,13 +47,19 @@ async def test_a_failing_run_is_logged_and_the_next_comes(caplog: pytest.LogCapt
 async def test_the_first_run_waits_first_after_s_then_every_interval() -> None:
     loop = asyncio.get_running_loop()
     start, times = loop.time(), []
+    second = asyncio.Event()
 
     async def job() -> None:
         times.append(loop.time() - start)
+        if len(times) == 2:
+            second.set()
 
-    task = asyncio.create_task(every(0.2, job, "job", first_after_s=0.05))
-    await asyncio.sleep(0.5)
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    assert 0.05 <= times[0] < 0.2
-    assert times[1] - times[0] >= 0.2
+    task = asyncio.create_task(every(1.0, job, "job", first_after_s=0.05))
+    try:
+        async with asyncio.timeout(5):  # a loaded machine is late, never early
+            await second.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert 0.05 <= times[0] < 1.0  # not a whole interval first
+    assert times[1] - times[0] >= 1.0
