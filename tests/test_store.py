@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import re
 import sqlite3
 import time
@@ -185,6 +186,38 @@ async def test_max_pending_overflow_is_kept_but_not_pending(store: Store) -> Non
     # the cap counts pending messages of this session only
     other = await store.put_inbound(S2, msg(text="x", conversation="bob"), 2)
     assert other.status is InboxStatus.PENDING
+
+
+async def test_puts_match_a_model_of_the_queue_cap_dedupe_and_pairing(store: Store) -> None:
+    """Random puts (redeliveries, unpaired senders, several sessions and caps) give exactly
+    the statuses and ids a plain model of the inbox gives."""
+    rnd = random.Random(8)
+    sessions = [S1, S2, "default:web:default:carol"]
+    stored: dict[str, tuple[int, str]] = {}  # platform id -> (id, session)
+    pending = dict.fromkeys(sessions, 0)
+    for _ in range(300):
+        session = rnd.choice(sessions)
+        platform_id = f"model-{rnd.randrange(200)}"
+        unpaired = rnd.random() < 0.15
+        cap = rnd.randrange(1, 40)
+        put = await store.put_inbound(session, msg(platform_id), cap, unpaired=unpaired)
+        if platform_id in stored:
+            assert put == type(put)(stored[platform_id][0], InboxStatus.DUPLICATE)
+            continue
+        if unpaired:
+            expected = InboxStatus.UNPAIRED
+        elif pending[session] < cap:
+            expected = InboxStatus.PENDING
+            pending[session] += 1
+        else:
+            expected = InboxStatus.OVERFLOW
+        assert put.status is expected
+        assert put.id not in {i for i, _ in stored.values()}
+        stored[platform_id] = (put.id, session)
+    for session in sessions:
+        ids = [i.id for i in await store.pending(session)]
+        assert len(ids) == pending[session]
+        assert ids == sorted(ids)
 
 
 async def test_pending_is_fifo_per_session_and_isolated(store: Store) -> None:

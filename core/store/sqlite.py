@@ -346,29 +346,35 @@ class SqliteStore:
         payload = msg.model_dump_json()
 
         def op(c: sqlite3.Connection) -> PutResult:
-            # one statement in the common case: the queue cap is read inside the insert, and
-            # a redelivery inserts nothing (the writer serializes all of this anyway)
-            row = _fetchone(
-                c,
+            # the count, then a plain insert: `INSERT … SELECT … RETURNING` in one statement
+            # makes SQLite stage the row in a temporary table, which costs more than the
+            # second statement (the writer serializes both, so the count cannot go stale)
+            if unpaired:
+                status = InboxStatus.UNPAIRED
+            else:
+                (queued,) = _fetchone(
+                    c,
+                    "SELECT count(*) FROM inbox WHERE session = ? AND status = 'pending'",
+                    (session,),
+                )
+                status = InboxStatus.PENDING if queued < max_pending else InboxStatus.OVERFLOW
+            cur = c.execute(
                 "INSERT INTO inbox (session, channel, account, platform_id, payload, status,"
-                " received_at) SELECT ?, ?, ?, ?, ?, CASE WHEN ? THEN 'unpaired' WHEN"
-                " (SELECT count(*) FROM inbox WHERE session = ? AND status = 'pending') < ?"
-                " THEN 'pending' ELSE 'overflow' END, ? WHERE true"
-                " ON CONFLICT (channel, account, platform_id) DO NOTHING RETURNING id, status",
+                " received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (channel, account, platform_id) DO NOTHING",
                 (
                     session,
                     msg.channel,
                     msg.account,
                     msg.platform_id,
                     payload,
-                    unpaired,
-                    session,
-                    max_pending,
+                    status.value,
                     msg.received_at,
                 ),
             )
-            if row is not None:
-                return PutResult(row[0], InboxStatus(row[1]))
+            if cur.rowcount == 1:
+                assert cur.lastrowid is not None
+                return PutResult(cur.lastrowid, status)
             existing = _fetchone(
                 c,
                 "SELECT id FROM inbox WHERE channel = ? AND account = ? AND platform_id = ?",
