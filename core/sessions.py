@@ -9,10 +9,12 @@ has work; an idle session is nothing but rows in the store.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Mapping
+from typing import Final
 
 from core.access import AccessControl, AccessRule
 from core.errors import StoreError
@@ -55,6 +57,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 CANCEL_WAIT_S = 5.0  # at shutdown, for cancelled tasks to stop
+KEYS_REMEMBERED = 1_024  # session keys built recently, kept to be used again
 REHOME_GRACE_S = 600.0  # with replicas: how long work of an agent unknown here waits for one
 
 
@@ -77,7 +80,10 @@ class SessionManager:
         self.store = store
         self.channel_policies = dict(channel_policies or {})
         self.agents = agents
-        self.router = router or Router()
+        self.router: Final = router or Router()
+        # built for every message that comes in, and the same conversations come back: a
+        # bounded memory of the last keys saves rebuilding (and re-quoting) each one
+        self._keys = functools.lru_cache(maxsize=KEYS_REMEMBERED)(self._key)
         self.quota = quota or QuotaPolicy()
         self.outlets = outlets
         # the outlets that show a run as it happens (checked once: a Protocol isinstance is slow)
@@ -181,6 +187,9 @@ class SessionManager:
         self, channel: str, account: str, conversation: str, thread: str | None = None
     ) -> SessionKey:
         """The key policy in one place: bindings choose the agent, the rest is the address."""
+        return self._keys(channel, account, conversation, thread)
+
+    def _key(self, channel: str, account: str, conversation: str, thread: str | None) -> SessionKey:
         agent = self.router.agent_for(channel, account, conversation)
         return SessionKey(agent, channel, account, conversation, thread)
 

@@ -31,8 +31,10 @@ from core.models import (
     SessionKey,
 )
 from core.periodic import every
+from core.routing import Binding, Router
 from core.runner import _about_run
 from core.sessions import (
+    KEYS_REMEMBERED,
     OVERFLOW_NOTICE,
     RESET_REPLY,
     AgentProfile,
@@ -216,6 +218,29 @@ class _Nothing:
 
 async def settle(rig: Rig) -> None:
     await asyncio.wait_for(rig.manager.wait_idle(), 10.0)
+
+
+async def test_session_keys_follow_the_bindings_and_only_recent_ones_are_remembered(
+    store: SqliteStore,
+) -> None:
+    router = Router([Binding("vip", channel="test", conversation="c7")])
+    manager = SessionManager(store, {}, {}, router=router)
+    for _ in range(2):  # built, then remembered: the same answers
+        assert manager.session_key("test", "default", "c7") == SessionKey(
+            "vip", "test", "default", "c7"
+        )
+        assert manager.session_key("test", "default", "c8", "t 1") == SessionKey(
+            "default", "test", "default", "c8", "t 1"
+        )
+        assert str(manager.session_key("test", "a:b", "c/d")) == "default:test:a%3Ab:c%2Fd"
+    assert manager.session_key("test", "default", "c7") is manager.session_key(
+        "test", "default", "c7"
+    )
+    for i in range(5 * KEYS_REMEMBERED):
+        manager.session_key("test", "default", f"many-{i}")
+    remembered = manager.session_key("test", "default", "many-0")
+    assert remembered == SessionKey("default", "test", "default", "many-0")
+    assert manager._keys.cache_info().currsize <= KEYS_REMEMBERED
 
 
 async def test_sessions_are_isolated(make_rig: Callable[..., Any]) -> None:
