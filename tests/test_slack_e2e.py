@@ -355,6 +355,18 @@ async def test_events_of_other_kinds_are_still_acknowledged(gw: SlackGateway) ->
         assert (await gw.post(raw)).status_code == 200
 
 
+async def test_an_event_nested_deeper_than_the_fast_parser_reads_is_still_answered(
+    gw: SlackGateway, slack: FakeSlack
+) -> None:
+    """The body is read by pydantic-core first, which stops at 200 levels; `json` reads the
+    rest (Slack's blocks can nest, and nothing about the message is wrong)."""
+    body = event(message(DM, "deep"))
+    body["event"]["blocks"] = json.loads("[" * 300 + "]" * 300)
+    assert (await gw.post(json.dumps(body).encode())).status_code == 200
+    posted = await slack.wait_for(lambda: slack.posted(DM))
+    assert texts(posted) == ["echo: deep"]
+
+
 async def test_a_signed_body_that_is_not_utf8_gets_a_400_and_a_forged_one_a_401(
     gw: SlackGateway,
 ) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from aiohttp import web
 from cachetools import LRUCache, TTLCache
+from pydantic_core import from_json
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_sdk.signature import SignatureVerifier
 
@@ -107,7 +108,7 @@ class Inbound:
         if not raw.lstrip().startswith((b"{", b"[")):
             return await self._bolt(request)
         try:
-            body = json.loads(mend_json(raw))
+            body = _json(mend_json(raw))
         except (ValueError, RecursionError):
             return web.json_response({"error": "body is not valid JSON"}, status=400)
         if not isinstance(body, dict):
@@ -135,13 +136,29 @@ class Inbound:
         dropped; nothing accepted (None) is done at once."""
         if task is None:
             return True
-        try:
-            done = await asyncio.wait_for(asyncio.shield(task), ACK_WITHIN_S)
-        except TimeoutError:
-            log.warning("slack message not stored in %.1f s; not acknowledged", ACK_WITHIN_S)
-            return False
-        if done and (press := self._press_of.pop(task, None)) is not None:
-            self._unacked.pop(press, None)
+        if not task.done():
+            # one future and one timer: `wait_for(shield(task))` costs a task and two futures
+            # more, per event (the task itself is never cancelled from here)
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+
+            def wake(_: object) -> None:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+            timer = loop.call_later(ACK_WITHIN_S, wake, None)
+            task.add_done_callback(wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                task.remove_done_callback(wake)
+            if not task.done():
+                log.warning("slack message not stored in %.1f s; not acknowledged", ACK_WITHIN_S)
+                return False
+        done = not task.cancelled() and task.result()
+        if done and task in self._press_of:  # a click or a command (events never are)
+            self._unacked.pop(self._press_of.pop(task), None)
         return done
 
     def forget(self, body: dict[str, Any]) -> None:
@@ -329,6 +346,15 @@ class Inbound:
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
+
+
+def _json(raw: bytes) -> Any:
+    """The body, read by pydantic-core's parser (the fast one we already have); anything it
+    refuses is read again by `json` (deeper nesting, other encodings), whose verdict stands."""
+    try:
+        return from_json(raw)
+    except ValueError:
+        return json.loads(raw)
 
 
 def _thread_key(msg: InboundMessage) -> str:
