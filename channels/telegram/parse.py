@@ -214,7 +214,8 @@ def normalize(
         return None
     if group and me.username:
         text = re.sub(rf"^@{re.escape(me.username)}\b[,:]?\s*", "", text, flags=re.IGNORECASE)
-    media = media_of({name: getattr(msg, name) for name in _MEDIA_FIELDS})
+    # most updates are text: only the media fields the update has are read
+    media = media_of({name: getattr(msg, name) for name in _MEDIA_FIELDS & msg.model_fields_set})
     replied = msg.reply_to_message
     content = _content(msg)
     if not text and not media and not content:
@@ -237,9 +238,8 @@ def normalize(
     return Incoming(inbound, media)
 
 
-_MEDIA_FIELDS = (
-    *("photo", "voice", "audio", "video", "video_note", "document", "sticker"),
-    *("location", "venue", "contact"),
+_MEDIA_FIELDS = frozenset(
+    "photo voice audio video video_note document sticker location venue contact".split()
 )
 
 
