@@ -73,6 +73,10 @@ class Verdict:
     coalesce: bool = False  # answer this sender's queued messages together
 
 
+_NO_RULES = AccessRule()  # a channel without rules (frozen: one is shared)
+_STORE = Verdict(store=True)  # the common answer, made once
+
+
 PAIRING_NOTICE = (
     "Hello! This assistant only talks to approved people. Please give the operator this code: "
     "{code} (valid for {valid}). Your messages are kept and will be answered once "
@@ -96,7 +100,7 @@ class AccessControl:
     _sweep_at: float = 0.0  # monotonic time of the next _forget_quiet
 
     async def check(self, msg: InboundMessage) -> Verdict:
-        rule = self.rules.get(msg.channel, AccessRule())
+        rule = self.rules.get(msg.channel, _NO_RULES)
         who = f"{msg.channel}:{msg.sender.id}"
         if msg.sender.id in rule.block:
             return Verdict(store=False)
@@ -118,7 +122,7 @@ class AccessControl:
     async def admits(self, msg: InboundMessage) -> bool:
         """Whether the sender may be answered at all (not blocked; allowed or approved where
         the mode asks), without counting the message as `check` does."""
-        rule = self.rules.get(msg.channel, AccessRule())
+        rule = self.rules.get(msg.channel, _NO_RULES)
         if msg.sender.id in rule.block:
             return False
         if rule.mode is Access.OPEN or msg.sender.id in rule.allow:
@@ -151,7 +155,7 @@ class AccessControl:
 
     def _flood(self, rule: AccessRule, who: str) -> Verdict:
         if rule.flood_messages <= 0:
-            return Verdict(store=True)
+            return _STORE
         now = time.monotonic()
         if now >= self._sweep_at:
             self._forget_quiet(now)
@@ -177,7 +181,7 @@ class AccessControl:
             del self._flooding[who]
 
     def _quiet(self, who: str, times: deque[float], now: float) -> bool:
-        rule = self.rules.get(who.partition(":")[0], AccessRule())
+        rule = self.rules.get(who.partition(":")[0], _NO_RULES)
         return not times or times[-1] < now - rule.flood_window_s
 
 
