@@ -27,6 +27,7 @@ from core.access import approve, for_how_long, pending_codes
 from core.errors import ChannelError, ConfigError, StoreError
 from gateway.app import build_app
 from gateway.config_checks import secret_values, settings_warnings
+from gateway.config_keys import env_source
 from gateway.logs import json_line, logs_json, redact, setup_logging
 from gateway.probes import Probe, probe_all, webhook_urls
 from gateway.runtime import Runtime, build_store
@@ -35,7 +36,6 @@ from gateway.settings import (
     EXAMPLE_CONFIG,
     Settings,
     config_path,
-    env_source,
     load_settings,
 )
 
