@@ -55,6 +55,8 @@ class GatewayOptions:
     poll_interval_s: float = 5.0
     log_level: str = "INFO"
     extra: dict[str, str] = field(default_factory=dict)  # section -> more TOML lines
+    wrap: tuple[str, ...] = ()  # a command the gateway runs under (valgrind, for one)
+    ready_within_s: float = 60.0
 
 
 def _toml(opts: GatewayOptions, tmp: Path, port: int, store_url: str) -> str:
@@ -159,6 +161,7 @@ async def run_gateway(opts: GatewayOptions) -> AsyncIterator[RunningGateway]:
             module = "gateway" if opts.runs else "bench.noruns"
             argv = [
                 *pin(GATEWAY_CORE),
+                *opts.wrap,
                 PY,
                 "-m",
                 module,
@@ -174,22 +177,24 @@ async def run_gateway(opts: GatewayOptions) -> AsyncIterator[RunningGateway]:
             proc = Proc(argv, tmp / "gateway.log", env=env)
             try:
                 url = f"http://127.0.0.1:{port}"
-                await wait_http(url + "/readyz", proc, within_s=60)
+                await wait_http(url + "/readyz", proc, within_s=opts.ready_within_s)
                 yield RunningGateway(url, proc, store_url, tmp)
             finally:
                 proc.stop()
 
 
 @contextlib.asynccontextmanager
-async def start_baseline(kind: str, *args: str) -> AsyncIterator[tuple[str, Proc]]:
-    """A baseline server from bench.bare, pinned to the gateway core."""
+async def start_baseline(
+    kind: str, *args: str, wrap: tuple[str, ...] = (), ready_within_s: float = 30.0
+) -> AsyncIterator[tuple[str, Proc]]:
+    """A baseline server from bench.bare, pinned to the gateway core (and run under `wrap`)."""
     with tempfile.TemporaryDirectory(prefix="bench-bare-") as tmpdir:
         port = free_port()
-        argv = [*pin(GATEWAY_CORE), PY, "-m", "bench.bare", kind, "--port", str(port), *args]
-        proc = Proc(argv, Path(tmpdir) / f"{kind}.log")
+        argv = [*pin(GATEWAY_CORE), *wrap, PY, "-m", "bench.bare", kind, "--port", str(port)]
+        proc = Proc([*argv, *args], Path(tmpdir) / f"{kind}.log")
         try:
             url = f"http://127.0.0.1:{port}"
-            await wait_http(url + "/healthz", proc, within_s=30)
+            await wait_http(url + "/healthz", proc, within_s=ready_within_s)
             yield url, proc
         finally:
             proc.stop()

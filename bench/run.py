@@ -6,6 +6,7 @@ bench/results/<date>.png (throughput and latency).
     python -m bench --full          # the issue's sizes: 10,000 x 3 conversations, 100,000
                                     # sessions, a 20-minute soak (about an hour)
     python -m bench --only ingest,e2e --profile
+    python -m bench --instructions  # and instructions per webhook (callgrind)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench import concurrency, e2e, formatting, ingest, memory, profile
+from bench import concurrency, e2e, formatting, ingest, instructions, memory, profile
 from bench.common import RESULTS, Result, machine_facts
 from bench.report import markdown, plot
 
@@ -52,6 +53,8 @@ async def _one(name: str, full: bool) -> Result:
         return await memory.run(m)
     if name == "profile":
         return await profile.run()
+    if name == "instructions":
+        return await instructions.run(instructions.Options())
     raise ValueError(name)
 
 
@@ -101,7 +104,7 @@ def _render(out: Path, stamp: str | None) -> int:
     from bench.profiling import summarize
 
     results = []
-    for name in (*BENCHES, "profile"):
+    for name in (*BENCHES, "instructions", "profile"):
         path = out / "last" / f"{name}.json"
         if path.exists():
             results.append(Result.from_json(json.loads(path.read_text())))
@@ -143,6 +146,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="then profile the gateway (py-spy) and add the summaries",
     )
+    p.add_argument(
+        "--instructions",
+        action="store_true",
+        help="then count instructions per webhook under callgrind (about ten minutes)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--stamp", help="file name stem (default: today's date)")
     p.add_argument(
@@ -157,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"unknown benchmarks: {', '.join(sorted(unknown))}")
     if args.render_only:
         return _render(args.out, args.stamp)
+    if args.instructions:
+        names.append("instructions")
     if args.profile:
         names.append("profile")
     _, failed, _ = run_all(names, full=args.full, out=args.out, stamp=args.stamp)
