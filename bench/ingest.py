@@ -30,7 +30,7 @@ from bench.loadgen import LoadStats, closed_loop, have_wrk, open_loop, wrk
 from bench.payloads import CHANNELS, HttpReq, build
 from bench.profiling import PySpy
 
-__all__ = ["Options", "main", "run"]
+__all__ = ["CONVERSATIONS", "Options", "main", "run", "webhooks"]
 
 CONVERSATIONS = 1000  # webhooks come from this many people, round robin
 _ids = itertools.count(1)
@@ -51,7 +51,8 @@ class Options:
     minimal: bool = True  # the issue's reference handler (bench.bare minimal), WhatsApp only
 
 
-def _requests(channel: str, count: int) -> list[HttpReq]:
+def webhooks(channel: str, count: int) -> list[HttpReq]:
+    """`count` signed webhooks of `channel`, from CONVERSATIONS people in turn, each id new."""
     return [build(channel, n, n % CONVERSATIONS) for n in itertools.islice(_ids, count)]
 
 
@@ -60,7 +61,7 @@ async def _saturate(
 ) -> tuple[LoadStats, float]:
     """Closed-loop throughput, and the server's CPU µs per acknowledged request."""
     count = int(expected_rate * opts.duration_s * 1.2) + 2000
-    reqs = _requests(channel, count)
+    reqs = webhooks(channel, count)
     use_wrk = opts.loadgen == "wrk" or (opts.loadgen == "auto" and have_wrk())
     cpu0 = proc.cpu_s()
     if use_wrk:
@@ -81,17 +82,13 @@ async def _warm(url: str, channel: str, opts: Options) -> int:
     if opts.warmup_s <= 0:
         return 0
     count = int(opts.rate * opts.warmup_s)
-    stats = await open_loop(
-        url, _requests(channel, count), rate=opts.rate, duration_s=opts.warmup_s
-    )
+    stats = await open_loop(url, webhooks(channel, count), rate=opts.rate, duration_s=opts.warmup_s)
     return stats.ok
 
 
 async def _latency(url: str, channel: str, opts: Options) -> LoadStats:
     count = int(opts.rate * opts.latency_s)
-    return await open_loop(
-        url, _requests(channel, count), rate=opts.rate, duration_s=opts.latency_s
-    )
+    return await open_loop(url, webhooks(channel, count), rate=opts.rate, duration_s=opts.latency_s)
 
 
 def _fsync_ms(samples: int = 200) -> tuple[float, float]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import re
 import shutil
 import subprocess
@@ -32,14 +31,13 @@ import aiohttp
 
 from bench.common import RESULTS, Proc, Result, pin_self
 from bench.gateway import GatewayOptions, run_gateway, start_baseline
-from bench.ingest import CONVERSATIONS
-from bench.payloads import CHANNELS, HttpReq, build
+from bench.ingest import CONVERSATIONS, webhooks
+from bench.payloads import CHANNELS, HttpReq
 
 __all__ = ["Options", "available", "main", "run"]
 
 SENDERS = 8  # webhooks in flight at once, as a small closed loop
 READY_WITHIN_S = 600.0  # imports under valgrind take a minute or more
-_ids = itertools.count(50_000_000)
 _SUMMARY = re.compile(rb"^summary: (\d+)$", re.M)
 
 
@@ -52,10 +50,6 @@ class Options:
 
 def available() -> bool:
     return shutil.which("valgrind") is not None and shutil.which("callgrind_control") is not None
-
-
-def _requests(channel: str, count: int) -> list[HttpReq]:
-    return [build(channel, n, n % CONVERSATIONS) for n in itertools.islice(_ids, count)]
 
 
 async def _send(url: str, reqs: list[HttpReq]) -> None:
@@ -76,10 +70,10 @@ def _control(flag: str, proc: Proc) -> None:
 
 async def _count(url: str, proc: Proc, out: Path, channel: str, opts: Options) -> float:
     """Instructions per webhook of the server at `url`, running under callgrind into `out`."""
-    await _send(url, _requests(channel, opts.warmup))
+    await _send(url, webhooks(channel, opts.warmup))
     await asyncio.sleep(1.0)  # what the warm-up left (a commit, a checkpoint) is not counted
     await asyncio.to_thread(_control, "-z", proc)
-    await _send(url, _requests(channel, opts.webhooks))
+    await _send(url, webhooks(channel, opts.webhooks))
     await asyncio.to_thread(_control, "-d", proc)
     # each dump is a file of its own: <out>.<pid>.<n>, n counting up from 1
     dumps = sorted(out.parent.glob(f"{out.name}.{proc.pid}.*"), key=lambda p: int(p.suffix[1:]))
@@ -131,13 +125,13 @@ async def run(opts: Options) -> Result:
             async with _server(name, channel, out) as (url, proc):
                 return await _count(url, proc, out, channel, opts)
 
-        bare = await count("aiohttp", opts.channels[0])
-        bolt = await count("bolt", "slack") if "slack" in opts.channels else None
-        for channel in opts.channels:
+        for channel in opts.channels:  # each beside bare aiohttp reading its own webhooks
+            bare = await count("aiohttp", channel)
             route = await count("route", channel)
             case, metric = f"{channel}/sqlite", "instructions per webhook"
             result.add(case, metric, route, "instr", baseline=bare, baseline_name="bare aiohttp")
-            if bolt is not None and channel == "slack":
+            if channel == "slack":
+                bolt = await count("bolt", channel)
                 result.add(case, metric, route, "instr", baseline=bolt, baseline_name="bare Bolt")
     return result
 
