@@ -16,17 +16,19 @@ and Slack show no style inside a word and dropped the markers; Telegram italicis
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import regex
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+if TYPE_CHECKING:
+    import regex
+
 __all__ = ["MAX_NESTING", "cluster_cut", "clusters", "link", "parse", "shared_styles"]
 
-_CLUSTER = regex.compile(r"\X")
 # markdown-it's default preset: 49 nested lists or 99 nested quotes, far below Python's
 # recursion limit (markdown-it and the Slack renderer recurse once or twice a level)
 MAX_NESTING = 100
@@ -46,9 +48,18 @@ def link(label: str, url: str) -> str:
     return f"[{shown}](<{target}>)"
 
 
+@functools.cache
+def _cluster() -> regex.Pattern[str]:
+    """`\\X`, compiled at the first cut that needs it: the `regex` module is 1.7 MB of memory
+    that a gateway whose replies are cut between words never needs."""
+    import regex
+
+    return regex.compile(r"\X")
+
+
 def clusters(text: str) -> Iterator[str]:
     """The grapheme clusters of `text`, in order."""
-    for match in _CLUSTER.finditer(text):
+    for match in _cluster().finditer(text):
         yield match[0]
 
 
@@ -56,7 +67,7 @@ def cluster_cut(text: str, start: int, end: int) -> int:
     """The last cut in `text[start:end]`, after `start` and at or before `end`, that keeps
     every cluster whole; `end` itself when one cluster runs past it from `start`."""
     cut = start
-    for match in _CLUSTER.finditer(text, start):
+    for match in _cluster().finditer(text, start):
         if match.end() > end:
             break
         cut = match.end()

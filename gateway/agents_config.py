@@ -9,8 +9,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from channels.config import Section as _Section
@@ -226,6 +224,10 @@ class HttpToolSettings(_Section):
     @field_validator("parameters")
     @classmethod
     def _json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # imported here: jsonschema is 2-3 MB that a gateway without HTTP tools never needs
+        from jsonschema import Draft202012Validator
+        from jsonschema.exceptions import SchemaError
+
         try:
             Draft202012Validator.check_schema(value)
         except SchemaError as exc:

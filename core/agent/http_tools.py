@@ -25,7 +25,6 @@ from typing import Any
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
-from jsonschema import Draft202012Validator
 from pydantic import BaseModel, RootModel, model_validator
 
 from core.agent.tools import ToolContext
@@ -69,6 +68,8 @@ def host_allowed(host: str, allow: tuple[str, ...]) -> bool:
 def _args_model(spec: HttpToolSpec) -> type[BaseModel]:
     """A pydantic model whose schema is the configured one and whose validation is JSON
     Schema's, so the model sees exactly what the operator wrote."""
+    from jsonschema import Draft202012Validator  # 2-3 MB: only for a gateway with HTTP tools
+
     validator = Draft202012Validator(spec.parameters)
     schema = spec.parameters
 
