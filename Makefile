@@ -41,11 +41,14 @@ $(CHROMIUM):
 		apt-get update -qq && apt-get install -y -qq chromium >/dev/null; \
 	else echo "the browser tests need Chromium at $(CHROMIUM): apt-get install chromium"; fi
 
+# two pytest workers (pytest-xdist): the suite mostly waits on sockets, timers and subprocesses,
+# so two halve its time on two cores; TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test | $(CHROMIUM)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 $(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
