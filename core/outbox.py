@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from core.backoff import backoff
 from core.errors import ChannelError, StoreError
 from core.models import OutboundPart, SessionKey
 from core.store.base import Store
@@ -19,8 +19,6 @@ from core.telemetry import NullTelemetry, Telemetry
 __all__ = ["DeliveryPolicy", "Outbox", "Outlet"]
 
 log = logging.getLogger(__name__)
-# our own generator: the global one is the test tools' (hypothesis checks it is untouched)
-_JITTER = random.Random()
 
 
 class Outlet(Protocol):
@@ -41,10 +39,8 @@ class DeliveryPolicy:
     max_delay_s: float = 60.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:
-            return max(float(retry_after), 0.0)
-        backoff = min(self.base_delay_s * 2.0 ** min(attempt - 1, 30), self.max_delay_s)
-        return backoff * (0.5 + _JITTER.random() / 2)  # jitter
+        """`attempt`: the sends tried so far (1 after the first failed)."""
+        return backoff(attempt - 1, self.base_delay_s, self.max_delay_s, retry_after)
 
 
 class Outbox:

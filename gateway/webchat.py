@@ -7,7 +7,6 @@ import contextlib
 import functools
 import ipaddress
 import math
-import random
 import resource
 from collections import Counter
 from importlib import resources
@@ -19,6 +18,7 @@ from cachetools import LRUCache
 
 from channels.base import BadInput
 from channels.web import WebChat, conversation_of, new_secret, valid_secret
+from core.backoff import JITTER
 from core.store import InboxStatus
 from gateway.http import client_key, json_error, page_csp, read_json, same_origin
 from gateway.keys import RUNTIME, SETTINGS, WEBCHAT
@@ -29,8 +29,6 @@ COOKIE = "switchboard_chat"
 HOST_COOKIE = "__Host-" + COOKIE  # over HTTPS
 LEGACY_LEN = 32  # a cookie from before they were secrets: the conversation id itself
 COOKIE_AGE_S = 60 * 60 * 24 * 365
-# our own generator: the global one is the test tools' (hypothesis checks it is untouched)
-_JITTER = random.Random()
 HISTORY_LIMIT = 200
 KEEPALIVE_S = 15.0
 GATE_WINDOW_S = 60.0
@@ -306,7 +304,7 @@ async def _stream(
     try:
         # when the stream ends (a restart, news missed on a replica), pages come back spread
         # over a few seconds, not all at once
-        await response.write(f": connected\nretry: {_JITTER.randint(1000, 4000)}\n\n".encode())
+        await response.write(f": connected\nretry: {JITTER.randint(1000, 4000)}\n\n".encode())
         while True:
             try:
                 frame = await asyncio.wait_for(queue.get(), KEEPALIVE_S)

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from core.agent.model import DeltaSink, ModelResponse
+from core.backoff import backoff
 from core.errors import ModelError
 
 __all__ = ["RetryPolicy", "with_retries"]
 
 log = logging.getLogger(__name__)
-# our own generator: the global one is the test tools' (hypothesis checks it is untouched)
-_JITTER = random.Random()
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +26,8 @@ class RetryPolicy:
     max_wait_s: float = 120.0  # a Retry-After longer than this: no retry
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        if retry_after is not None:  # as asked: sooner only earns another 429
-            return max(float(retry_after), 0.0)
-        backoff = min(self.base_delay_s * 2.0**attempt, self.max_delay_s)
-        return backoff * (0.5 + _JITTER.random() / 2)  # jitter, not crypto
+        """`attempt`: the retries made so far."""
+        return backoff(attempt, self.base_delay_s, self.max_delay_s, retry_after)
 
 
 async def with_retries(
