@@ -220,6 +220,41 @@ async def test_puts_match_a_model_of_the_queue_cap_dedupe_and_pairing(store: Sto
         assert ids == sorted(ids)
 
 
+async def test_puts_made_at_once_match_the_model_in_the_order_made(store: Store) -> None:
+    """Bursts of puts made together (grouped into one transaction each: SQLite's writer,
+    PostgreSQL's grouped puts) give the statuses and ids of the same puts made one by one; a
+    platform id belongs to one conversation, as on every platform."""
+    rnd = random.Random(9)
+    sessions = [S1, S2, "default:web:default:carol"]
+    stored: dict[str, int] = {}
+    pending: dict[str, list[str]] = {s: [] for s in sessions}  # platform ids, in order made
+    for _ in range(6):
+        burst = []
+        for _ in range(50):
+            n = rnd.randrange(150)
+            burst.append((sessions[n % 3], f"burst-{n}", n % 7 == 0, rnd.randrange(1, 30)))
+        results = await asyncio.gather(
+            *(store.put_inbound(s, msg(p), cap, unpaired=u) for s, p, u, cap in burst)
+        )
+        for (session, platform_id, unpaired, cap), put in zip(burst, results, strict=True):
+            if platform_id in stored:
+                assert put == type(put)(stored[platform_id], InboxStatus.DUPLICATE)
+                continue
+            if unpaired:
+                expected = InboxStatus.UNPAIRED
+            elif len(pending[session]) < cap:
+                expected = InboxStatus.PENDING
+                pending[session].append(platform_id)
+            else:
+                expected = InboxStatus.OVERFLOW
+            assert (platform_id, put.status) == (platform_id, expected)
+            stored[platform_id] = put.id
+    assert len(set(stored.values())) == len(stored)
+    for session in sessions:
+        items = await store.pending(session)
+        assert [i.message.platform_id for i in items] == pending[session]
+
+
 async def test_pending_is_fifo_per_session_and_isolated(store: Store) -> None:
     for i in range(4):
         await store.put_inbound(S1, msg(text=f"a{i}"), 100)
@@ -1201,3 +1236,32 @@ async def test_the_console_reads_further_back_when_the_newest_rows_cover_other_t
     admin = console(store)
     assert [r.key for r in await admin.sessions(2)] == [b, x]
     assert [r.key for r in await admin._sessions("", (2, 0))] == [b, x]
+
+
+async def test_postgres_stores_a_burst_in_groups_and_a_refused_put_fails_alone(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore(pg_url)
+    await store.start()
+    try:
+        sizes: list[int] = []
+        original = store._put_many
+
+        async def counting(puts: Any) -> Any:
+            sizes.append(len(puts))
+            return await original(puts)
+
+        monkeypatch.setattr(store._puts, "_store_many", counting)
+        # a NUL, which PostgreSQL text cannot hold: the server refuses that one put
+        ids = [f"g{n}" if n != 7 else "g\x007" for n in range(20)]
+        results = await asyncio.gather(
+            *(store.put_inbound(S1, msg(i), 100) for i in ids), return_exceptions=True
+        )
+        assert max(sizes) > 1  # they were grouped (the first alone, the rest behind it)
+        assert isinstance(results[7], StoreError)
+        kept = [r for n, r in enumerate(results) if n != 7]
+        assert all(getattr(r, "status", None) is InboxStatus.PENDING for r in kept)
+        items = await store.pending(S1)
+        assert [i.message.platform_id for i in items] == [i for i in ids if "\x00" not in i]
+    finally:
+        await store.aclose()

@@ -43,6 +43,7 @@ from core.store.base import (
     transcript_entries,
     utc_day,
 )
+from core.store.grouped import MAX_GROUP, GroupedPuts, Put
 from core.store.postgres_schema import MIGRATIONS
 
 __all__ = ["PostgresStore"]
@@ -75,6 +76,9 @@ DRIVER_ERRORS = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
 )
+# what a server that is up refuses (a value, a constraint, a deadlock, a function's RAISE):
+# trying each put of a refused group alone finds the one it was
+REFUSALS = ("22", "23", "40", "P0")  # SQLSTATE classes
 
 
 class PostgresStore:
@@ -89,6 +93,7 @@ class PostgresStore:
         self._relisten: asyncio.Task[None] | None = None
         self._closed = False
         self.inbox_channel, self.kv_channel = NOTIFY_CHANNEL, KV_CHANNEL
+        self._puts = GroupedPuts(self._put_many, _refused, MAX_GROUP)
 
     # lifecycle
 
@@ -126,6 +131,7 @@ class PostgresStore:
 
     async def aclose(self) -> None:
         self._closed = True
+        await self._puts.aclose()
         if self._relisten is not None:
             self._relisten.cancel()
             await asyncio.gather(self._relisten, return_exceptions=True)
@@ -258,23 +264,51 @@ class PostgresStore:
     async def put_inbound(
         self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
     ) -> PutResult:
+        """Stored with the puts made while the last group was on its way (core.store.grouped)."""
+        if self._pool is None:
+            raise StoreError("store is not running")
+        return await self._puts.put(Put(session, msg, max_pending, unpaired))
+
+    async def _put_many(self, puts: Sequence[Put]) -> list[PutResult]:
+        now, tell = time.time(), self.inbox_channel
         async with self._conn() as c:
-            row = await c.fetchrow(
-                "SELECT out_id, out_status FROM sb_put_inbound($1, $2, $3, $4, $5, $6, $7, $8,"
-                " $9, $10, $11)",
-                session,
-                msg.channel,
-                msg.account,
-                msg.platform_id,
-                msg.model_dump_json(),
-                unpaired,
-                max_pending,
-                msg.received_at,
-                time.time(),
-                self.inbox_channel,
-                f"{self._id} {session}",
-            )
-        return PutResult(row[0], InboxStatus(row[1]))
+            if len(puts) == 1:
+                p = puts[0]
+                m = p.msg
+                rows = [
+                    await c.fetchrow(
+                        "SELECT out_id, out_status FROM sb_put_inbound($1, $2, $3, $4, $5, $6,"
+                        " $7, $8, $9, $10, $11)",
+                        p.session,
+                        m.channel,
+                        m.account,
+                        m.platform_id,
+                        m.model_dump_json(),
+                        p.unpaired,
+                        p.max_pending,
+                        m.received_at,
+                        now,
+                        tell,
+                        f"{self._id} {p.session}",
+                    )
+                ]
+            else:
+                rows = await c.fetch(
+                    "SELECT out_id, out_status FROM sb_put_inbound_many($1, $2, $3, $4, $5, $6,"
+                    " $7, $8, $9, $10, $11)",
+                    [p.session for p in puts],
+                    [p.msg.channel for p in puts],
+                    [p.msg.account for p in puts],
+                    [p.msg.platform_id for p in puts],
+                    [p.msg.model_dump_json() for p in puts],
+                    [p.unpaired for p in puts],
+                    [p.max_pending for p in puts],
+                    [p.msg.received_at for p in puts],
+                    now,
+                    tell,
+                    [f"{self._id} {p.session}" for p in puts],
+                )
+        return [PutResult(r[0], InboxStatus(r[1])) for r in rows]
 
     async def pending(self, session: str) -> list[InboxItem]:
         async with self._conn() as c:
@@ -760,6 +794,12 @@ async def _no_session_state(conn: asyncpg.Connection) -> None:
     SET, LISTEN, session advisory lock or open cursor: the listener has its own connection),
     so asyncpg's default reset (UNLISTEN *, RESET ALL, ...) would be a round trip per store
     call for nothing; an unfinished transaction is still rolled back by asyncpg itself."""
+
+
+def _refused(exc: StoreError) -> bool:
+    cause = exc.__cause__
+    state = getattr(cause, "sqlstate", None) if isinstance(cause, asyncpg.PostgresError) else None
+    return isinstance(state, str) and state[:2] in REFUSALS
 
 
 class _Refused(Exception):

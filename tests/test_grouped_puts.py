@@ -1,0 +1,182 @@
+"""core.store.grouped: puts made while a group is on its way go as the next group; what the
+database refuses fails only its own put; nothing a caller waits on is left hanging."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from core.errors import StoreError
+from core.models import InboundMessage, Sender
+from core.store.base import InboxStatus, PutResult
+from core.store.grouped import GroupedPuts, Put
+
+
+def _put(session: str, n: int) -> Put:
+    msg = InboundMessage(
+        channel="telegram", conversation=session, sender=Sender(id="u"), platform_id=str(n)
+    )
+    return Put(session, msg, 100, False)
+
+
+class FakeDb:
+    """Stores each group at once, or after `gate` opens; refuses platform ids in `bad`."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[str]] = []
+        self.gate: asyncio.Event | None = None
+        self.bad: set[str] = set()
+        self.down = False
+
+    async def store_many(self, puts: Sequence[Put]) -> list[PutResult]:
+        self.groups.append([f"{p.session}:{p.msg.platform_id}" for p in puts])
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.down:
+            raise StoreError("store operation failed: connection refused")
+        if any(p.msg.platform_id in self.bad for p in puts):
+            raise StoreError("store operation failed: refused") from ValueError("22021")
+        return [PutResult(int(p.msg.platform_id), InboxStatus.PENDING) for p in puts]
+
+
+def _refused(exc: StoreError) -> bool:
+    return isinstance(exc.__cause__, ValueError)
+
+
+@pytest.fixture
+def db() -> FakeDb:
+    return FakeDb()
+
+
+async def test_a_put_alone_goes_at_once_and_a_burst_goes_as_one_group(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    assert (await puts.put(_put("s", 1))).id == 1
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 2)))
+    await asyncio.sleep(0)  # on its way, held at the gate
+    rest = [asyncio.create_task(puts.put(_put(f"s{n % 3}", n))) for n in range(3, 9)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    results = await asyncio.gather(first, *rest)
+    assert [r.id for r in results] == list(range(2, 9))
+    assert db.groups[:2] == [["s:1"], ["s:2"]]
+    # one group, in the order of its sessions, each session's puts in the order made
+    assert db.groups[2:] == [["s0:3", "s0:6", "s1:4", "s1:7", "s2:5", "s2:8"]]
+
+
+async def test_groups_are_no_larger_than_the_cap(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 4)
+    db.gate = asyncio.Event()
+    tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 11)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    assert [r.id for r in await asyncio.gather(*tasks)] == list(range(1, 11))
+    assert [len(g) for g in db.groups] == [1, 4, 4, 1]  # the first alone, at once
+
+
+async def test_a_refused_put_fails_alone_and_the_others_are_stored(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    db.bad, db.gate = {"3"}, asyncio.Event()
+    tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [r.id if isinstance(r, PutResult) else "failed" for r in results] == [
+        1,
+        2,
+        "failed",
+        4,
+        5,
+    ]
+    assert isinstance(results[2], StoreError)
+    assert db.groups == [["s:1"], ["s:2", "s:3", "s:4", "s:5"], ["s:2"], ["s:3"], ["s:4"], ["s:5"]]
+
+
+async def test_an_unreachable_database_fails_the_whole_group_at_once(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    db.down, db.gate = True, asyncio.Event()
+    tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, StoreError) for r in results)
+    assert [len(g) for g in db.groups] == [1, 4]  # the first alone; the rest not one by one
+
+
+async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    dropped = asyncio.create_task(puts.put(_put("s", 2)))
+    kept = asyncio.create_task(puts.put(_put("s", 3)))
+    await asyncio.sleep(0)
+    dropped.cancel()
+    db.gate.set()
+    assert (await first).id == 1
+    assert (await kept).id == 3
+    assert dropped.cancelled()
+    assert db.groups == [["s:1"], ["s:3"]]
+
+
+async def test_closing_fails_what_waits_and_leaves_what_is_on_its_way_to_its_caller(
+    db: FakeDb,
+) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))  # goes at once, from its own task
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(puts.put(_put("s", 2)))
+    await asyncio.sleep(0)
+    await puts.aclose()
+    with pytest.raises(StoreError, match="closed"):
+        await waiting
+    db.gate.set()
+    assert (await first).id == 1
+    db.groups = []
+    assert (await puts.put(_put("s", 3))).id == 3  # usable again after a restart
+    assert db.groups == [["s:3"]]
+
+
+async def test_a_bug_in_one_group_reaches_its_callers_and_the_next_group_still_goes(
+    db: FakeDb,
+) -> None:
+    calls = 0
+
+    async def flaky(group: Sequence[Put]) -> list[PutResult]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            return []  # a result short: zip(strict=True) raises
+        return await db.store_many(group)
+
+    puts = GroupedPuts(flaky, _refused, 256)
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    grouped = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
+    await asyncio.sleep(0)
+    db.gate.set()
+    assert (await first).id == 1
+    for task in grouped:
+        with pytest.raises(ValueError, match="zip"):
+            await task
+    assert (await puts.put(_put("s", 4))).id == 4
+
+
+async def test_a_cancelled_put_on_its_way_hands_those_behind_it_to_the_next_group(
+    db: FakeDb,
+) -> None:
+    puts = GroupedPuts(db.store_many, _refused, 256)
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    behind = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
+    await asyncio.sleep(0)
+    first.cancel()
+    await asyncio.sleep(0)
+    db.gate.set()
+    assert [(await t).id for t in behind] == [2, 3]
+    assert db.groups == [["s:1"], ["s:2", "s:3"]]
