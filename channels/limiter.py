@@ -6,46 +6,55 @@ import asyncio
 import contextlib
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 __all__ = ["KeyedLimiter", "Stamp"]
 
 
 class Stamp:
-    """When one acquisition counts from: when it was let through, or, for one taken
-    `until_done`, when the call it let through had been sent (`done`), as the platform
-    counts it; until then it counts as going out now."""
+    """One acquisition taken `until_done`: it counts as going out now until `done` says the
+    call it let through has been sent, and from then on from that moment, as the platform
+    counts it (calls let through together reach the platform one by one, over the connection
+    pool: counted from the first, the next window's first calls came within a second of the
+    last window's last)."""
 
-    __slots__ = ("_clock", "at", "sent")
+    __slots__ = ("_clock", "_window")
 
-    def __init__(self, clock: Callable[[], float], *, sent: bool = True) -> None:
-        self._clock, self.at, self.sent = clock, clock(), sent
+    def __init__(self, clock: Callable[[], float], window: _Window | None) -> None:
+        self._clock, self._window = clock, window
 
     def done(self) -> None:
-        """The call went out now (calls let through together reach the platform one by one,
-        over the connection pool: counted from the first, the next window's first calls
-        came within a second of the last window's last)."""
-        self.at = max(self.at, self._clock())
-        self.sent = True
+        """The call went out now (once; a stamp that counted from the start has no more to do)."""
+        window, self._window = self._window, None
+        if window is not None:
+            window.going -= 1
+            window.sent.append(self._clock())
 
 
 class _Window:
-    """A key's latest `rate` acquisitions, and a lock that lines its waiters up."""
+    """A key's latest `rate` acquisitions: when each call sent went out, in order (the clock
+    only moves on, so a call is added at the end, as let through or as `done`), and how many
+    are still going out; and a lock that lines its waiters up. O(1) a call: a list searched
+    for its earliest call sent took a tenth of the gateway's CPU at max_per_second = 10,000."""
 
-    __slots__ = ("lock", "rate", "stamps")
+    __slots__ = ("going", "lock", "rate", "sent")
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self.stamps: list[Stamp] = []
+        self.sent: deque[float] = deque()
+        self.going = 0
         self.lock = asyncio.Lock()
 
-    def add(self, stamp: Stamp) -> None:
-        """Count one; a full window forgets its earliest call sent (one moved later by
-        `done` may no longer be the first added; one still going out is never forgotten)."""
-        sent = [s for s in self.stamps if s.sent]
-        if len(self.stamps) >= self.rate and sent:
-            self.stamps.remove(min(sent, key=lambda s: s.at))
-        self.stamps.append(stamp)
+    def add(self, at: float, *, going: bool) -> None:
+        """Count one; a full window forgets its earliest call sent (one still going out is
+        never forgotten)."""
+        if len(self.sent) + self.going >= self.rate and self.sent:
+            self.sent.popleft()
+        if going:
+            self.going += 1
+        else:
+            self.sent.append(at)
 
 
 class KeyedLimiter:
@@ -78,9 +87,8 @@ class KeyedLimiter:
         async with window.lock:  # while it is held, `take` counts nothing for this key
             while (wait := self._wait(window)) > 0:  # noqa: ASYNC110 - a stamp may move later
                 await asyncio.sleep(wait)
-            stamp = Stamp(self._clock, sent=not until_done)
-            window.add(stamp)
-            return stamp
+            window.add(self._clock(), going=until_done)
+            return Stamp(self._clock, window if until_done else None)
 
     @contextlib.asynccontextmanager
     async def slot(self, key: str) -> AsyncIterator[None]:
@@ -101,18 +109,17 @@ class KeyedLimiter:
             wait = max(wait, self._period / self._rate)
         if wait > 0:
             return wait
-        window.add(Stamp(self._clock))
+        window.add(self._clock(), going=False)
         return None
 
     def _wait(self, window: _Window) -> float:
         """Seconds until the earliest call sent of a full window leaves it (0: room now; a
         window of calls all still going out is looked at again after a period)."""
-        if len(window.stamps) < self._rate:
+        if len(window.sent) + window.going < self._rate:
             return 0.0
-        sent = [s.at for s in window.stamps if s.sent]
-        if not sent:
+        if not window.sent:
             return self._period
-        return max(0.0, min(sent) + self._period - self._clock())
+        return max(0.0, window.sent[0] + self._period - self._clock())
 
     def _window(self, key: str) -> _Window:
         window = self._windows.get(key)
@@ -129,6 +136,6 @@ class KeyedLimiter:
         self._windows = {
             key: w
             for key, w in self._windows.items()
-            if w.lock.locked() or any(not st.sent or st.at > since for st in w.stamps)
+            if w.lock.locked() or w.going or (w.sent and w.sent[-1] > since)
         }
         self._prune_at = max(self._max_keys, 2 * len(self._windows))

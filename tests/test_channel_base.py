@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -124,7 +126,8 @@ async def test_keyed_limiter_counts_a_call_from_when_it_went_out() -> None:
     window's first calls reached Telegram within a second of the last window's last."""
     now = [0.0]
     limiter = KeyedLimiter(2, 1.0, clock=lambda: now[0])
-    first, second = await limiter.acquire("all"), await limiter.acquire("all")
+    first = await limiter.acquire("all", until_done=True)
+    second = await limiter.acquire("all", until_done=True)
     now[0] = 0.4
     first.done()
     now[0] = 0.5
@@ -140,9 +143,9 @@ async def test_keyed_limiter_forgets_the_earliest_call_not_the_first_let_through
     from an older call, and let two more through at once (three at the platform)."""
     now = [0.0]
     limiter = KeyedLimiter(2, 5.0, clock=lambda: now[0])
-    slow = await limiter.acquire("k")
+    slow = await limiter.acquire("k", until_done=True)
     now[0] = 1.0
-    fast = await limiter.acquire("k")
+    fast = await limiter.acquire("k", until_done=True)
     fast.done()
     now[0] = 10.0
     slow.done()  # went out only now
@@ -251,3 +254,49 @@ async def test_a_slot_counts_the_call_from_when_it_went_out() -> None:
     async with limiter.slot("k"):
         now[0] = 3.0  # the call takes three seconds to go out
     assert await limiter.take("k") == pytest.approx(5.0)
+
+
+class _ListWindow:
+    """The plain model: every stamp in a list, the earliest call sent found by a search."""
+
+    def __init__(self, rate: int, period: float) -> None:
+        self.rate, self.period = rate, period
+        self.stamps: list[list[Any]] = []  # [at, sent]
+
+    def wait(self, now: float) -> float:
+        if len(self.stamps) < self.rate:
+            return 0.0
+        sent = [at for at, done in self.stamps if done]
+        return max(0.0, min(sent) + self.period - now) if sent else self.period
+
+    def add(self, now: float, *, sent: bool) -> list[Any]:
+        done = [s for s in self.stamps if s[1]]
+        if len(self.stamps) >= self.rate and done:
+            self.stamps.remove(min(done, key=lambda s: s[0]))
+        stamp = [now, sent]
+        self.stamps.append(stamp)
+        return stamp
+
+
+async def test_keyed_limiter_answers_as_a_plain_list_of_stamps_would() -> None:
+    rnd = random.Random(4)
+    now = [0.0]
+    limiter = KeyedLimiter(5, 2.0, clock=lambda: now[0])
+    model = _ListWindow(5, 2.0)
+    going: list[tuple[Any, list[Any]]] = []
+    for _ in range(2000):
+        now[0] += rnd.choice((0.0, 0.01, 0.1, 0.5))
+        action = rnd.random()
+        if action < 0.4 and going:  # a call let through goes out now
+            stamp, modelled = going.pop(rnd.randrange(len(going)))
+            stamp.done()
+            modelled[:] = [max(modelled[0], now[0]), True]
+        elif action < 0.7 and model.wait(now[0]) == 0:
+            stamp = await limiter.acquire("k", until_done=True)
+            going.append((stamp, model.add(now[0], sent=False)))
+        else:
+            expected = model.wait(now[0])
+            got = await limiter.take("k")
+            assert (got or 0.0) == pytest.approx(expected)
+            if expected == 0:
+                model.add(now[0], sent=True)
