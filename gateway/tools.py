@@ -7,7 +7,7 @@ from pathlib import Path
 from core.agent.builtin import SendButtons
 from core.agent.http_tools import HttpTool
 from core.agent.knowledge_tools import ReadKnowledge, SearchKnowledge
-from core.agent.model import ChatMessage, estimate_messages, estimate_tools
+from core.agent.model import ChatMessage, estimate_messages
 from core.agent.prompt import system_prompt
 from core.agent.session_tools import (
     CurrentTime,
@@ -91,4 +91,4 @@ def standing_tokens(agent: AgentSettings, http: dict[str, HttpToolSettings]) -> 
     skills = discover_skills(agent.skills_dir)
     tools = agent_tools(agent, KnowledgeBase([]), http, skills)  # descriptions need no index
     prompt = ChatMessage("system", system_prompt(agent_instructions(agent, skills), "", {}))
-    return estimate_messages([prompt]) + OUTPUT_RULES_TOKENS + estimate_tools(tools.specs())
+    return estimate_messages([prompt]) + OUTPUT_RULES_TOKENS + tools.specs_tokens()

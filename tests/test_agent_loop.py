@@ -986,3 +986,12 @@ async def test_grounded_amounts_pass_without_a_warning() -> None:
     outcome, _ = await _run(model)
     assert outcome.unverified_amounts == []
     assert outcome.text == "That comes to USD 1200."
+
+
+def test_the_tools_token_estimate_is_worked_out_once_and_again_after_a_tool_is_added() -> None:
+    registry = ToolRegistry([CurrentTime()])
+    first = registry.specs_tokens()
+    assert first == estimate_tools(registry.specs()) > 0
+    assert registry.specs_tokens() == first
+    registry.add(SetState())
+    assert registry.specs_tokens() == estimate_tools(registry.specs()) > first

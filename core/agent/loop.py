@@ -23,7 +23,6 @@ from core.agent.model import (
     ToolSpec,
     estimate_messages,
     estimate_tokens,
-    estimate_tools,
 )
 from core.agent.sanitize import StreamFilter, shows_nothing, strip_reasoning, wrap_user_text
 from core.agent.tools import PENDING, ToolContext, ToolRegistry, refused_press
@@ -177,7 +176,7 @@ class AgentLoop:
             senders=turn.senders,
         )
         tools = self._tools.specs()
-        tools_cost = estimate_tools(tools)  # in every call's input, beside the messages
+        tools_cost = self._tools.specs_tokens()  # in every call's input, beside the messages
         tool_results: list[str] = []  # facts tools returned: the numbers answers may quote
         prev_input = 0
         sent_upto = 0  # messages[:sent_upto] were part of the previous call's input
