@@ -1102,13 +1102,14 @@ async def test_prune_deletes_only_what_is_over(store: Store) -> None:
     assert await store.acquire_lease(leased, "w9", 60.0)
     await store.kv_set("scratch", "k", "v")
     await store.kv_set("keep.me", "k", "v")
-    yesterday = utc_day(time.time() - 86400)
-    await store.reserve_usage(yesterday, 1.0, [Quota("user", "alice", 5)])
+    # two days back: yesterday's counter is not over yet within an hour after midnight UTC
+    over = utc_day(time.time() - 2 * 86400)
+    await store.reserve_usage(over, 1.0, [Quota("user", "alice", 5)])
     await store.reserve_usage(utc_day(time.time()), 1.0, [Quota("user", "alice", 5)])
 
     sessions = {r[0] for r in await query(store, "SELECT key FROM sessions")}
     early = await store.prune(time.time() - 3600, keep_namespaces=["keep.me"])
-    assert {t: n for t, n in early.items() if n} == {"usage": 1}  # yesterday's counter only
+    assert {t: n for t, n in early.items() if n} == {"usage": 1}  # the old counter only
     deleted = await store.prune(time.time() + 1, keep_namespaces=["keep.me"], limit=1)
     assert deleted == {
         "inbox": 1,
@@ -1134,7 +1135,7 @@ async def test_prune_deletes_only_what_is_over(store: Store) -> None:
     assert [p.reply.text for p in await store.outbox_pending(notice)] == ["not sent yet"]
     assert await store.kv_get("scratch", "k") is None
     assert await store.kv_get("keep.me", "k") == "v"
-    assert await store.usage(yesterday, "user", "alice") == 0
+    assert await store.usage(over, "user", "alice") == 0
     assert await store.usage(utc_day(time.time()), "user", "alice") == 1
     assert S1 in sessions
     assert leased in sessions
