@@ -27,6 +27,7 @@ class FakeDb:
     def __init__(self) -> None:
         self.groups: list[list[str]] = []
         self.gate: asyncio.Event | None = None
+        self.locked: dict[str, asyncio.Event] = {}  # platform id -> held until set
         self.bad: set[str] = set()
         self.down = False
 
@@ -34,6 +35,9 @@ class FakeDb:
         self.groups.append([f"{p.session}:{p.msg.platform_id}" for p in puts])
         if self.gate is not None:
             await self.gate.wait()
+        for p in puts:
+            if p.msg.platform_id in self.locked:
+                await self.locked[p.msg.platform_id].wait()
         if self.down:
             raise StoreError("store operation failed: connection refused")
         if any(p.msg.platform_id in self.bad for p in puts):
@@ -51,7 +55,7 @@ def db() -> FakeDb:
 
 
 async def test_a_put_alone_goes_at_once_and_a_burst_goes_as_one_group(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     assert (await puts.put(_put("s", 1))).id == 1
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 2)))
@@ -67,7 +71,7 @@ async def test_a_put_alone_goes_at_once_and_a_burst_goes_as_one_group(db: FakeDb
 
 
 async def test_groups_are_no_larger_than_the_cap(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 4)
+    puts = GroupedPuts(db.store_many, _refused, max_group=4, lanes=1)
     db.gate = asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 11)]
     await asyncio.sleep(0)
@@ -77,7 +81,7 @@ async def test_groups_are_no_larger_than_the_cap(db: FakeDb) -> None:
 
 
 async def test_a_refused_put_fails_alone_and_the_others_are_stored(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     db.bad, db.gate = {"3"}, asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
     await asyncio.sleep(0)
@@ -95,7 +99,7 @@ async def test_a_refused_put_fails_alone_and_the_others_are_stored(db: FakeDb) -
 
 
 async def test_an_unreachable_database_fails_the_whole_group_at_once(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     db.down, db.gate = True, asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
     await asyncio.sleep(0)
@@ -106,7 +110,7 @@ async def test_an_unreachable_database_fails_the_whole_group_at_once(db: FakeDb)
 
 
 async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 1)))
     await asyncio.sleep(0)
@@ -124,7 +128,7 @@ async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -
 async def test_closing_fails_what_waits_and_leaves_what_is_on_its_way_to_its_caller(
     db: FakeDb,
 ) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 1)))  # goes at once, from its own task
     await asyncio.sleep(0)
@@ -140,7 +144,7 @@ async def test_closing_fails_what_waits_and_leaves_what_is_on_its_way_to_its_cal
     assert db.groups == [["s:3"]]
 
 
-async def test_a_bug_in_one_group_reaches_its_callers_and_the_next_group_still_goes(
+async def test_an_unexpected_error_tries_a_group_put_by_put_and_reaches_a_lone_caller(
     db: FakeDb,
 ) -> None:
     calls = 0
@@ -149,27 +153,122 @@ async def test_a_bug_in_one_group_reaches_its_callers_and_the_next_group_still_g
         nonlocal calls
         calls += 1
         if calls == 2:
-            return []  # a result short: zip(strict=True) raises
+            return []  # the group's answer comes back short
+        if calls == 5:
+            raise ValueError("cannot serialize")
         return await db.store_many(group)
 
-    puts = GroupedPuts(flaky, _refused, 256)
+    puts = GroupedPuts(flaky, _refused, lanes=1)
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 1)))
     await asyncio.sleep(0)
     grouped = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
     await asyncio.sleep(0)
     db.gate.set()
+    assert [(await t).id for t in (first, *grouped)] == [1, 2, 3]
+    assert db.groups == [["s:1"], ["s:2"], ["s:3"]]  # the group's short answer: one by one
+    with pytest.raises(ValueError, match="serialize"):
+        await puts.put(_put("s", 4))
+    assert (await puts.put(_put("s", 5))).id == 5
+
+
+async def test_a_put_waiting_on_a_lock_holds_up_no_other_lane(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, lanes=2)
+    db.locked["1"] = asyncio.Event()
+    stuck = asyncio.create_task(puts.put(_put("a", 1)))
+    await asyncio.sleep(0)
+    assert [(await puts.put(_put(f"b{n}", n))).id for n in range(2, 6)] == [2, 3, 4, 5]
+    assert not stuck.done()
+    db.locked["1"].set()
+    assert (await stuck).id == 1
+
+
+async def test_a_caller_gone_while_its_group_is_on_its_way_leaves_the_others_answered(
+    db: FakeDb,
+) -> None:
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    db.gate = asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3, 4)]
+    await asyncio.sleep(0)
+    db.gate.clear()
+    db.gate.set()
+    await asyncio.sleep(0)  # the first is back; the group is on its way
+    db.gate = asyncio.Event()
+    await asyncio.sleep(0)
+    group[1].cancel()
+    db.gate.set()
     assert (await first).id == 1
-    for task in grouped:
-        with pytest.raises(ValueError, match="zip"):
+    assert (await group[0]).id == 2
+    assert (await group[2]).id == 4
+    assert group[1].cancelled()
+
+
+async def test_closing_with_a_group_on_its_way_fails_its_callers(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    db.locked["1"], db.locked["2"] = asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
+    await asyncio.sleep(0)
+    db.locked["1"].set()
+    assert (await first).id == 1
+    await asyncio.sleep(0)  # the group is on its way, held on 2's lock
+    assert db.groups[-1] == ["s:2", "s:3"]
+    await puts.aclose()
+    for task in group:
+        with pytest.raises(StoreError, match="closed"):
             await task
-    assert (await puts.put(_put("s", 4))).id == 4
+
+
+async def test_a_put_left_on_its_way_by_a_close_does_not_touch_the_next_run(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    db.locked["1"] = asyncio.Event()
+    old = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    await puts.aclose()  # a restart, with put 1 still on its way from its caller's task
+    db.locked["2"] = asyncio.Event()
+    second = asyncio.create_task(puts.put(_put("s", 2)))
+    await asyncio.sleep(0)
+    third = asyncio.create_task(puts.put(_put("s", 3)))  # waits: the one lane is busy
+    await asyncio.sleep(0)
+    db.locked["1"].set()
+    assert (await old).id == 1
+    await asyncio.sleep(0.01)
+    assert not third.done()  # the old put's return started no sender beside 2
+    assert db.groups == [["s:1"], ["s:2"]]
+    db.locked["2"].set()
+    assert [(await second).id, (await third).id] == [2, 3]
+    assert db.groups[2:] == [["s:3"]]
+
+
+async def test_put_by_put_leaves_out_callers_already_gone(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    db.bad, db.locked["1"] = {"3"}, asyncio.Event()
+    first = asyncio.create_task(puts.put(_put("s", 1)))
+    await asyncio.sleep(0)
+    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3, 4)]
+    await asyncio.sleep(0)
+    db.gate = asyncio.Event()  # what is sent from now on waits here
+    db.locked["1"].set()
+    assert (await first).id == 1
+    await asyncio.sleep(0)
+    assert db.groups[-1] == ["s:2", "s:3", "s:4"]  # on its way
+    group[2].cancel()  # its caller goes
+    await asyncio.sleep(0)
+    db.gate.set()  # the group is refused (3): put by put, without 4
+    assert (await group[0]).id == 2
+    with pytest.raises(StoreError):
+        await group[1]
+    assert group[2].cancelled()
+    assert sorted(db.groups[2:]) == [["s:2"], ["s:3"]]
 
 
 async def test_a_cancelled_put_on_its_way_hands_those_behind_it_to_the_next_group(
     db: FakeDb,
 ) -> None:
-    puts = GroupedPuts(db.store_many, _refused, 256)
+    puts = GroupedPuts(db.store_many, _refused, lanes=1)
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 1)))
     await asyncio.sleep(0)

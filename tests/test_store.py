@@ -1070,6 +1070,8 @@ async def test_postgres_gives_connections_back_without_a_reset_round_trip(pg_url
     await store.start()
     try:
         assert store._pool is not None
+        # the driver looks up the array types a put sends once per connection
+        await store.put_inbound(S2, msg(text="first on this connection", conversation="bob"), 10)
         sent: list[str] = []
         async with store._pool.acquire() as conn:
             conn.add_query_logger(lambda record: sent.append(record.query))
@@ -1265,4 +1267,40 @@ async def test_postgres_stores_a_burst_in_groups_and_a_refused_put_fails_alone(
         items = await store.pending(S1)
         assert [i.message.platform_id for i in items] == [i for i in ids if "\x00" not in i]
     finally:
+        await store.aclose()
+
+
+async def test_postgres_a_put_waiting_on_a_locked_session_holds_the_others_up_a_second_at_most(
+    pg_url: str,
+) -> None:
+    """Another replica holds a session's row (committing a turn): that session's put waits
+    at most the lock timeout, then fails (a 503: the platform delivers it again), and the
+    puts of other sessions made meanwhile are stored after it, in order."""
+    import asyncpg
+
+    from core.store.postgres import LOCK_TIMEOUT_MS
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    blocker = await asyncpg.connect(pg_url)
+    try:
+        await store.put_inbound(S1, msg(text="before"), 100)
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", S1)
+        started = time.monotonic()
+        waiting = asyncio.create_task(store.put_inbound(S1, msg(text="held"), 100))
+        await asyncio.sleep(0.05)
+        others = await asyncio.gather(
+            *(store.put_inbound(S2, msg(text=f"b{i}", conversation="bob"), 100) for i in range(8))
+        )
+        with pytest.raises(StoreError, match="lock"):
+            await waiting
+        assert time.monotonic() - started < LOCK_TIMEOUT_MS / 1000 + 5  # not the 10 s timeout
+        assert all(r.status is InboxStatus.PENDING for r in others)
+        assert [i.message.text for i in await store.pending(S2)] == [f"b{i}" for i in range(8)]
+        await tx.rollback()
+        assert (await store.put_inbound(S1, msg(text="again"), 100)).status is InboxStatus.PENDING
+    finally:
+        await blocker.close()
         await store.aclose()

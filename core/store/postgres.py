@@ -43,7 +43,7 @@ from core.store.base import (
     transcript_entries,
     utc_day,
 )
-from core.store.grouped import MAX_GROUP, GroupedPuts, Put
+from core.store.grouped import GroupedPuts, Put
 from core.store.postgres_schema import MIGRATIONS
 
 __all__ = ["PostgresStore"]
@@ -76,9 +76,14 @@ DRIVER_ERRORS = (
     asyncpg.InterfaceError,
     asyncpg.InternalClientError,
 )
-# what a server that is up refuses (a value, a constraint, a deadlock, a function's RAISE):
-# trying each put of a refused group alone finds the one it was
-REFUSALS = ("22", "23", "40", "P0")  # SQLSTATE classes
+# SQLSTATE classes of a server that cannot be reached or cannot work now (connection, out of
+# resources, shutting down, system and internal errors): every other error is a refusal of
+# what was sent, and the puts of a refused group are tried alone to find the one it was
+UNREACHABLE = ("08", "53", "57", "58", "XX")
+# inbound puts go one put or group at a time (their order kept), so one that waits on a row
+# lock (a session another replica is committing) holds up the others: for at most this long,
+# then a group goes put by put and a put alone fails (503: the platform delivers it again)
+LOCK_TIMEOUT_MS = 1000
 
 
 class PostgresStore:
@@ -93,7 +98,7 @@ class PostgresStore:
         self._relisten: asyncio.Task[None] | None = None
         self._closed = False
         self.inbox_channel, self.kv_channel = NOTIFY_CHANNEL, KV_CHANNEL
-        self._puts = GroupedPuts(self._put_many, _refused, MAX_GROUP)
+        self._puts = GroupedPuts(self._put_many, _refused)
 
     # lifecycle
 
@@ -270,44 +275,23 @@ class PostgresStore:
         return await self._puts.put(Put(session, msg, max_pending, unpaired))
 
     async def _put_many(self, puts: Sequence[Put]) -> list[PutResult]:
-        now, tell = time.time(), self.inbox_channel
         async with self._conn() as c:
-            if len(puts) == 1:
-                p = puts[0]
-                m = p.msg
-                rows = [
-                    await c.fetchrow(
-                        "SELECT out_id, out_status FROM sb_put_inbound($1, $2, $3, $4, $5, $6,"
-                        " $7, $8, $9, $10, $11)",
-                        p.session,
-                        m.channel,
-                        m.account,
-                        m.platform_id,
-                        m.model_dump_json(),
-                        p.unpaired,
-                        p.max_pending,
-                        m.received_at,
-                        now,
-                        tell,
-                        f"{self._id} {p.session}",
-                    )
-                ]
-            else:
-                rows = await c.fetch(
-                    "SELECT out_id, out_status FROM sb_put_inbound_many($1, $2, $3, $4, $5, $6,"
-                    " $7, $8, $9, $10, $11)",
-                    [p.session for p in puts],
-                    [p.msg.channel for p in puts],
-                    [p.msg.account for p in puts],
-                    [p.msg.platform_id for p in puts],
-                    [p.msg.model_dump_json() for p in puts],
-                    [p.unpaired for p in puts],
-                    [p.max_pending for p in puts],
-                    [p.msg.received_at for p in puts],
-                    now,
-                    tell,
-                    [f"{self._id} {p.session}" for p in puts],
-                )
+            rows = await c.fetch(
+                "SELECT out_id, out_status FROM sb_put_inbound_many($1, $2, $3, $4, $5, $6, $7,"
+                " $8, $9, $10, $11, $12) ORDER BY out_n",
+                [p.session for p in puts],
+                [p.msg.channel for p in puts],
+                [p.msg.account for p in puts],
+                [p.msg.platform_id for p in puts],
+                [p.msg.model_dump_json() for p in puts],
+                [p.unpaired for p in puts],
+                [p.max_pending for p in puts],
+                [p.msg.received_at for p in puts],
+                time.time(),
+                self.inbox_channel,
+                [f"{self._id} {p.session}" for p in puts],
+                LOCK_TIMEOUT_MS,
+            )
         return [PutResult(r[0], InboxStatus(r[1])) for r in rows]
 
     async def pending(self, session: str) -> list[InboxItem]:
@@ -755,9 +739,12 @@ class PostgresStore:
         if not sessions:
             return set()
         async with self._conn() as c:
+            # rows locked in key order, as a group of inbound puts locks them (see grouped)
             rows = await c.fetch(
-                f"UPDATE sessions SET lease_until = {NOW} + $1"
-                " WHERE lease_owner = $2 AND key = ANY($3::text[]) RETURNING key",
+                "WITH mine AS (SELECT key FROM sessions WHERE lease_owner = $2"
+                ' AND key = ANY($3::text[]) ORDER BY key COLLATE "C" FOR UPDATE)'
+                f" UPDATE sessions s SET lease_until = {NOW} + $1 FROM mine"
+                " WHERE s.key = mine.key AND s.lease_owner = $2 RETURNING s.key",
                 ttl,
                 owner,
                 list(sessions),
@@ -798,8 +785,10 @@ async def _no_session_state(conn: asyncpg.Connection) -> None:
 
 def _refused(exc: StoreError) -> bool:
     cause = exc.__cause__
-    state = getattr(cause, "sqlstate", None) if isinstance(cause, asyncpg.PostgresError) else None
-    return isinstance(state, str) and state[:2] in REFUSALS
+    if not isinstance(cause, asyncpg.PostgresError):
+        return isinstance(cause, asyncpg.DataError)  # a value the driver could not send
+    state = getattr(cause, "sqlstate", None)
+    return isinstance(state, str) and state[:2] not in UNREACHABLE
 
 
 class _Refused(Exception):

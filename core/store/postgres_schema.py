@@ -159,23 +159,27 @@ CREATE INDEX IF NOT EXISTS inbox_waiting ON inbox (session) WHERE status IN ('he
 CREATE INDEX IF NOT EXISTS outbox_session ON outbox (session, id);
 """
 
-# v8: a group of inbound messages in one round trip and one transaction (core.store.grouped):
-# sb_put_inbound for each, in the order given; identical NOTIFYs of one transaction are one
+# v8: inbound messages in one round trip and one transaction (core.store.grouped):
+# sb_put_inbound for each, in the order given, numbered; identical NOTIFYs of one transaction
+# are one. A row lock waited on past p_lock_timeout_ms fails the call (55P03): a session
+# another replica is committing holds up the others that long at most
 V8 = """
 CREATE OR REPLACE FUNCTION sb_put_inbound_many(
     p_sessions TEXT[], p_channels TEXT[], p_accounts TEXT[], p_platform_ids TEXT[],
     p_payloads TEXT[], p_unpaired BOOLEAN[], p_max_pending BIGINT[],
     p_received_at DOUBLE PRECISION[], p_now DOUBLE PRECISION, p_notify_channel TEXT,
-    p_notify_payloads TEXT[]
-) RETURNS TABLE (out_id BIGINT, out_status TEXT) LANGUAGE plpgsql AS $$
+    p_notify_payloads TEXT[], p_lock_timeout_ms INTEGER
+) RETURNS TABLE (out_n INTEGER, out_id BIGINT, out_status TEXT) LANGUAGE plpgsql AS $$
 DECLARE
     one RECORD;
 BEGIN
+    PERFORM set_config('lock_timeout', p_lock_timeout_ms::text, true);
     FOR i IN 1 .. coalesce(array_length(p_sessions, 1), 0) LOOP
         SELECT * INTO one FROM sb_put_inbound(
             p_sessions[i], p_channels[i], p_accounts[i], p_platform_ids[i], p_payloads[i],
             p_unpaired[i], p_max_pending[i], p_received_at[i], p_now, p_notify_channel,
             p_notify_payloads[i]);
+        out_n := i;
         out_id := one.out_id;
         out_status := one.out_status;
         RETURN NEXT;
