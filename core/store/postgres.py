@@ -63,7 +63,6 @@ NOW = "extract(epoch from clock_timestamp())"
 MIGRATION_LOCK = 0x5B0A_4D01  # pg_advisory_xact_lock key for schema changes
 STATEMENT_TIMEOUT_S = 10.0  # a stalled server or a lock held elsewhere: StoreError, not a hang
 ACQUIRE_TIMEOUT_S = 10.0  # every pooled connection busy (stuck) that long: StoreError
-KEPT_CONNECTIONS = 4  # idle connections handed from one store call to the next, not pooled
 CLOSE_TIMEOUT_S = 5.0  # closing politely; then the connections are dropped (a stalled server)
 PING_TIMEOUT_S = 2.0
 MIGRATION_TIMEOUT_S = 3600.0  # an index built over a large table at an upgrade
@@ -100,8 +99,6 @@ class PostgresStore:
         self._closed = False
         self.inbox_channel, self.kv_channel = NOTIFY_CHANNEL, KV_CHANNEL
         self._puts = GroupedPuts(self._put_many, _refused)
-        # idle connections handed from one call to the next (_conn), with the pool of each
-        self._kept: list[tuple[asyncpg.Pool, asyncpg.Connection]] = []
 
     # lifecycle
 
@@ -152,15 +149,8 @@ class PostgresStore:
                 self._listener.terminate()
             self._listener = None
         if self._pool is not None:
-            pool, kept, self._kept = self._pool, self._kept, []
-
-            async def close() -> None:
-                for owner, c in kept:  # a pool waits for every connection to come back
-                    await owner.release(c)
-                await pool.close()
-
             try:
-                await asyncio.wait_for(close(), CLOSE_TIMEOUT_S)
+                await asyncio.wait_for(self._pool.close(), CLOSE_TIMEOUT_S)
             except Exception:
                 self._pool.terminate()
             self._pool = None
@@ -233,22 +223,18 @@ class PostgresStore:
         however many statements it makes. A call that times out drops its connection:
         handing it back would wait for the server to cancel the statement, a second timeout
         when the server has stalled (a call cancelled otherwise hands it back, as asyncpg
-        cancels the statement). A call that ends cleanly keeps its connection for the next
-        (up to KEPT_CONNECTIONS): asyncpg's acquire and release cost a timeout, a queue and
-        a shielded task each, 8 % of the gateway's CPU on PostgreSQL in the e2e benchmark;
-        any other end hands it back to the pool, which resets or replaces it."""
+        cancels the statement)."""
         if self._pool is None:
             raise StoreError("store is not running")
-        pool, c, clean = self._pool, None, False
+        pool, c = self._pool, None
         try:
             async with asyncio.timeout(STATEMENT_TIMEOUT_S):
-                c = await self._take(pool)
+                c = await pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
                 if tx:
                     async with c.transaction():
                         yield c
                 else:
                     yield c
-            clean = True
         except TimeoutError as exc:
             if c is not None:  # the server stopped answering: not handed back to wait on it
                 c.terminate()
@@ -259,20 +245,7 @@ class PostgresStore:
             raise StoreError(f"store operation failed: {str(exc) or type(exc).__name__}") from exc
         finally:
             if c is not None:
-                if clean and self._pool is pool and len(self._kept) < KEPT_CONNECTIONS:
-                    self._kept.append((pool, c))
-                else:
-                    await pool.release(c)
-
-    async def _take(self, pool: asyncpg.Pool) -> asyncpg.Connection:
-        """A kept connection of `pool` (one the server has closed goes back to it), or the
-        pool's."""
-        while self._kept:
-            owner, c = self._kept.pop()
-            if owner is pool and not c.is_closed() and not c.is_in_transaction():
-                return c
-            await owner.release(c)
-        return await pool.acquire(timeout=ACQUIRE_TIMEOUT_S)
+                await pool.release(c)
 
     async def ping(self) -> None:
         """Ready: within PING_TIMEOUT_S in all (a pooled connection included), the inbox
