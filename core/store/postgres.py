@@ -784,10 +784,9 @@ async def _no_session_state(conn: asyncpg.Connection) -> None:
 
 
 def _refused(exc: StoreError) -> bool:
+    """The server, or the driver (a value it could not send: DataError, 22000), refused it."""
     cause = exc.__cause__
-    if not isinstance(cause, asyncpg.PostgresError):
-        return isinstance(cause, asyncpg.DataError)  # a value the driver could not send
-    state = getattr(cause, "sqlstate", None)
+    state = getattr(cause, "sqlstate", None) if isinstance(cause, asyncpg.PostgresError) else None
     return isinstance(state, str) and state[:2] not in UNREACHABLE
 
 
