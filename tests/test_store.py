@@ -1304,3 +1304,37 @@ async def test_postgres_a_put_waiting_on_a_locked_session_holds_the_others_up_a_
     finally:
         await blocker.close()
         await store.aclose()
+
+
+async def test_postgres_a_listen_connection_cut_short_by_a_close_is_dropped(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close cancels a LISTEN reconnection at any await; the connection made by then was
+    left to the garbage collector (a ResourceWarning that failed another test)."""
+    import asyncpg
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    made: list[asyncpg.Connection] = []
+    real_connect = asyncpg.connect
+
+    async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+        made.append(await real_connect(*args, **kwargs))
+        return made[-1]
+
+    async def held(*args: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(asyncpg, "connect", connect)
+    monkeypatch.setattr(asyncpg.Connection, "add_listener", held)
+    try:
+        task = asyncio.create_task(store._connect_listener())
+        while not made:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert made[0].is_closed()
+    finally:
+        await store.aclose()

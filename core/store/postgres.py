@@ -174,13 +174,20 @@ class PostgresStore:
         return self._listener is not None and not self._listener.is_closed()
 
     async def _connect_listener(self) -> None:
+        conn: asyncpg.Connection | None = None
         try:
             conn = await asyncpg.connect(self._dsn)
             await conn.add_listener(self.inbox_channel, self._notified)
             await conn.add_listener(self.kv_channel, self._kv_notified)
             conn.add_termination_listener(self._listener_lost)
-        except DRIVER_ERRORS as exc:
-            raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
+        except BaseException as exc:
+            # a close cancels a reconnection at any await: a connection made by then is
+            # dropped here, not left to the garbage collector (a ResourceWarning in a test)
+            if conn is not None:
+                conn.terminate()
+            if isinstance(exc, DRIVER_ERRORS):
+                raise StoreError(f"cannot LISTEN on PostgreSQL: {exc}") from exc
+            raise
         self._listener = conn
         self._kv_watchers.forget_all()  # a read made before now may predate news nobody heard
 
