@@ -13,8 +13,8 @@ that many go at once, unordered among themselves, as plain store calls are. A gr
 for one session keep their order, and the group goes in the order of its session keys, so
 groups lock session rows in one order and never deadlock each other. When the database
 refuses a group (a value it will not take, a lock waited on too long), each of its puts is
-tried alone, side by side, so one bad message fails only itself; when it cannot be reached,
-all fail at once.
+tried alone (each session's in order, the sessions side by side), so one bad message fails
+only itself; when it cannot be reached, all fail at once.
 """
 
 from __future__ import annotations
