@@ -55,7 +55,7 @@ def db() -> FakeDb:
 
 
 async def test_a_put_alone_goes_at_once_and_a_burst_goes_as_one_group(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     assert (await puts.put(_put("s", 1))).id == 1
     db.gate = asyncio.Event()
     first = asyncio.create_task(puts.put(_put("s", 2)))
@@ -71,7 +71,7 @@ async def test_a_put_alone_goes_at_once_and_a_burst_goes_as_one_group(db: FakeDb
 
 
 async def test_groups_are_no_larger_than_the_cap(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, max_group=4, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused, max_group=4)
     db.gate = asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 11)]
     await asyncio.sleep(0)
@@ -81,7 +81,7 @@ async def test_groups_are_no_larger_than_the_cap(db: FakeDb) -> None:
 
 
 async def test_a_refused_put_fails_alone_and_the_others_are_stored(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     db.bad, db.gate = {"3"}, asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
     await asyncio.sleep(0)
@@ -99,7 +99,7 @@ async def test_a_refused_put_fails_alone_and_the_others_are_stored(db: FakeDb) -
 
 
 async def test_an_unreachable_database_fails_the_whole_group_at_once(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     db.down, db.gate = True, asyncio.Event()
     tasks = [asyncio.create_task(puts.put(_put("s", n))) for n in range(1, 6)]
     await asyncio.sleep(0)
@@ -109,14 +109,36 @@ async def test_an_unreachable_database_fails_the_whole_group_at_once(db: FakeDb)
     assert [len(g) for g in db.groups] == [1, 4]  # the first alone; the rest not one by one
 
 
-async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
-    db.gate = asyncio.Event()
+async def _behind_a_first(
+    puts: GroupedPuts, *numbers: int
+) -> tuple[asyncio.Task[PutResult], list[asyncio.Task[PutResult]]]:
+    """Put 1 made and on its way (the fake holds it, at its gate or on 1's lock), then the
+    puts `numbers` made behind it."""
     first = asyncio.create_task(puts.put(_put("s", 1)))
     await asyncio.sleep(0)
-    dropped = asyncio.create_task(puts.put(_put("s", 2)))
-    kept = asyncio.create_task(puts.put(_put("s", 3)))
+    behind = [asyncio.create_task(puts.put(_put("s", n))) for n in numbers]
     await asyncio.sleep(0)
+    return first, behind
+
+
+async def _group_on_its_way(
+    puts: GroupedPuts, db: FakeDb, *numbers: int
+) -> list[asyncio.Task[PutResult]]:
+    """The puts `numbers`, sent as one group, held at the fake's gate."""
+    db.locked["1"] = asyncio.Event()
+    first, group = await _behind_a_first(puts, *numbers)
+    db.gate = asyncio.Event()
+    db.locked["1"].set()
+    assert (await first).id == 1
+    await asyncio.sleep(0)
+    assert db.groups[-1] == [f"s:{n}" for n in numbers]
+    return group
+
+
+async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -> None:
+    puts = GroupedPuts(db.store_many, _refused)
+    db.gate = asyncio.Event()
+    first, (dropped, kept) = await _behind_a_first(puts, 2, 3)
     dropped.cancel()
     db.gate.set()
     assert (await first).id == 1
@@ -128,12 +150,9 @@ async def test_a_put_cancelled_before_its_group_goes_is_not_stored(db: FakeDb) -
 async def test_closing_fails_what_waits_and_leaves_what_is_on_its_way_to_its_caller(
     db: FakeDb,
 ) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     db.gate = asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))  # goes at once, from its own task
-    await asyncio.sleep(0)
-    waiting = asyncio.create_task(puts.put(_put("s", 2)))
-    await asyncio.sleep(0)
+    first, (waiting,) = await _behind_a_first(puts, 2)  # the first from its own task
     await puts.aclose()
     with pytest.raises(StoreError, match="closed"):
         await waiting
@@ -158,12 +177,9 @@ async def test_an_unexpected_error_tries_a_group_put_by_put_and_reaches_a_lone_c
             raise ValueError("cannot serialize")
         return await db.store_many(group)
 
-    puts = GroupedPuts(flaky, _refused, lanes=1)
+    puts = GroupedPuts(flaky, _refused)
     db.gate = asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))
-    await asyncio.sleep(0)
-    grouped = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
-    await asyncio.sleep(0)
+    first, grouped = await _behind_a_first(puts, 2, 3)
     db.gate.set()
     assert [(await t).id for t in (first, *grouped)] == [1, 2, 3]
     assert db.groups == [["s:1"], ["s:2"], ["s:3"]]  # the group's short answer: one by one
@@ -172,50 +188,21 @@ async def test_an_unexpected_error_tries_a_group_put_by_put_and_reaches_a_lone_c
     assert (await puts.put(_put("s", 5))).id == 5
 
 
-async def test_a_put_waiting_on_a_lock_holds_up_no_other_lane(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=2)
-    db.locked["1"] = asyncio.Event()
-    stuck = asyncio.create_task(puts.put(_put("a", 1)))
-    await asyncio.sleep(0)
-    assert [(await puts.put(_put(f"b{n}", n))).id for n in range(2, 6)] == [2, 3, 4, 5]
-    assert not stuck.done()
-    db.locked["1"].set()
-    assert (await stuck).id == 1
-
-
 async def test_a_caller_gone_while_its_group_is_on_its_way_leaves_the_others_answered(
     db: FakeDb,
 ) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
-    db.gate = asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))
-    await asyncio.sleep(0)
-    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3, 4)]
-    await asyncio.sleep(0)
-    db.gate.clear()
-    db.gate.set()
-    await asyncio.sleep(0)  # the first is back; the group is on its way
-    db.gate = asyncio.Event()
-    await asyncio.sleep(0)
+    puts = GroupedPuts(db.store_many, _refused)
+    group = await _group_on_its_way(puts, db, 2, 3, 4)
     group[1].cancel()
     db.gate.set()
-    assert (await first).id == 1
     assert (await group[0]).id == 2
     assert (await group[2]).id == 4
     assert group[1].cancelled()
 
 
 async def test_closing_with_a_group_on_its_way_fails_its_callers(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
-    db.locked["1"], db.locked["2"] = asyncio.Event(), asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))
-    await asyncio.sleep(0)
-    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
-    await asyncio.sleep(0)
-    db.locked["1"].set()
-    assert (await first).id == 1
-    await asyncio.sleep(0)  # the group is on its way, held on 2's lock
-    assert db.groups[-1] == ["s:2", "s:3"]
+    puts = GroupedPuts(db.store_many, _refused)
+    group = await _group_on_its_way(puts, db, 2, 3)
     await puts.aclose()
     for task in group:
         with pytest.raises(StoreError, match="closed"):
@@ -223,7 +210,7 @@ async def test_closing_with_a_group_on_its_way_fails_its_callers(db: FakeDb) -> 
 
 
 async def test_a_put_left_on_its_way_by_a_close_does_not_touch_the_next_run(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     db.locked["1"] = asyncio.Event()
     old = asyncio.create_task(puts.put(_put("s", 1)))
     await asyncio.sleep(0)
@@ -231,7 +218,7 @@ async def test_a_put_left_on_its_way_by_a_close_does_not_touch_the_next_run(db: 
     db.locked["2"] = asyncio.Event()
     second = asyncio.create_task(puts.put(_put("s", 2)))
     await asyncio.sleep(0)
-    third = asyncio.create_task(puts.put(_put("s", 3)))  # waits: the one lane is busy
+    third = asyncio.create_task(puts.put(_put("s", 3)))  # waits: 2 is on its way
     await asyncio.sleep(0)
     db.locked["1"].set()
     assert (await old).id == 1
@@ -244,17 +231,9 @@ async def test_a_put_left_on_its_way_by_a_close_does_not_touch_the_next_run(db: 
 
 
 async def test_put_by_put_leaves_out_callers_already_gone(db: FakeDb) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
-    db.bad, db.locked["1"] = {"3"}, asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))
-    await asyncio.sleep(0)
-    group = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3, 4)]
-    await asyncio.sleep(0)
-    db.gate = asyncio.Event()  # what is sent from now on waits here
-    db.locked["1"].set()
-    assert (await first).id == 1
-    await asyncio.sleep(0)
-    assert db.groups[-1] == ["s:2", "s:3", "s:4"]  # on its way
+    puts = GroupedPuts(db.store_many, _refused)
+    db.bad = {"3"}
+    group = await _group_on_its_way(puts, db, 2, 3, 4)
     group[2].cancel()  # its caller goes
     await asyncio.sleep(0)
     db.gate.set()  # the group is refused (3): put by put, without 4
@@ -268,12 +247,9 @@ async def test_put_by_put_leaves_out_callers_already_gone(db: FakeDb) -> None:
 async def test_a_cancelled_put_on_its_way_hands_those_behind_it_to_the_next_group(
     db: FakeDb,
 ) -> None:
-    puts = GroupedPuts(db.store_many, _refused, lanes=1)
+    puts = GroupedPuts(db.store_many, _refused)
     db.gate = asyncio.Event()
-    first = asyncio.create_task(puts.put(_put("s", 1)))
-    await asyncio.sleep(0)
-    behind = [asyncio.create_task(puts.put(_put("s", n))) for n in (2, 3)]
-    await asyncio.sleep(0)
+    first, behind = await _behind_a_first(puts, 2, 3)
     first.cancel()
     await asyncio.sleep(0)
     db.gate.set()

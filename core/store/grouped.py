@@ -1,20 +1,20 @@
-"""Inbound messages stored in groups: the puts made while every lane is busy go together as
-the next group, in one round trip and one transaction (PostgreSQL: one commit, one WAL flush).
-A put alone goes at once; under a burst, the groups grow.
+"""Inbound messages stored in groups: the puts made while one put or group is on its way to
+the database go together as the next group, in one round trip and one transaction
+(PostgreSQL: one commit, one WAL flush). A put alone goes at once; under a burst, the groups
+grow.
 
 PostgreSQL serializes the commits of transactions that NOTIFY (each holds one lock over the
 notification queue through its commit), and every stored message notifies the other replicas;
 so, one transaction per webhook, a burst waited on one WAL flush after another.
 
-With one lane (as PostgresStore runs it), one put or group is on its way at a time, so a
-session's puts are stored in the order made, even when made at once; one waiting on a row lock
-holds up those behind it, for as long as the store lets a lock be waited on. More lanes let
-that many go at once, unordered among themselves, as plain store calls are. A group's puts
-for one session keep their order, and the group goes in the order of its session keys, so
-groups lock session rows in one order and never deadlock each other. When the database
-refuses a group (a value it will not take, a lock waited on too long), each of its puts is
-tried alone (each session's in order, the sessions side by side), so one bad message fails
-only itself; when it cannot be reached, all fail at once.
+One put or group is on its way at a time, so a session's puts are stored in the order made,
+even when made at once; one waiting on a row lock holds up those behind it, for as long as the
+store lets a lock be waited on. A group's puts for one session keep their order, and the group
+goes in the order of its session keys, so groups lock session rows in one order and never
+deadlock each other. When the database refuses a group (a value it will not take, a lock
+waited on too long), each of its puts is tried alone (each session's in order, the sessions
+side by side), so one bad message fails only itself; when it cannot be reached, all fail at
+once.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from core.errors import StoreError
 from core.models import InboundMessage
 from core.store.base import PutResult
 
-__all__ = ["LANES", "MAX_GROUP", "GroupedPuts", "Put"]
+__all__ = ["MAX_GROUP", "GroupedPuts", "Put"]
 
 MAX_GROUP = 256  # puts in one transaction
-LANES = 1  # puts or groups on their way at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +50,9 @@ class GroupedPuts:
     not be reached; any other exception is taken as a refusal too (a value that would not
     serialize).
 
-    A put made while a lane is free goes at once, from its caller's task (as a plain store
-    call would: its caller's cancellation cancels it alone). Those made while every lane is
-    busy wait, and the first lane back sends them together from a task of ours."""
+    A put made while nothing is on its way goes at once, from its caller's task (as a plain
+    store call would: its caller's cancellation cancels it alone). Those made meanwhile wait,
+    and once it is back a task of ours sends them together."""
 
     def __init__(
         self,
@@ -61,48 +60,45 @@ class GroupedPuts:
         refused: Callable[[StoreError], bool],
         *,
         max_group: int = MAX_GROUP,
-        lanes: int = LANES,
     ) -> None:
-        self._store_many, self._refused = store_many, refused
-        self._max, self._lanes = max_group, lanes
-        self._busy = 0  # lanes with a put or a group on its way
+        self._store_many, self._refused, self._max = store_many, refused, max_group
+        self._busy = False  # a put or a group is on its way
         self._waiting: list[_Waiting] = []
-        self._senders: set[asyncio.Task[None]] = set()
+        self._sender: asyncio.Task[None] | None = None
         self._run = 0  # counts closes: what a close left on its way does not touch the next run
 
     async def put(self, put: Put) -> PutResult:
         """Cancelled before its group is sent: not stored."""
-        if self._busy >= self._lanes or self._waiting:
+        if self._busy:
             done: asyncio.Future[PutResult] = asyncio.get_running_loop().create_future()
             self._waiting.append((put, done))
             return await done
-        self._busy += 1
-        run = self._run
+        self._busy, run = True, self._run
         try:
             return (await self._store_many([put]))[0]
         finally:
             if run == self._run:
-                self._lane_free()
+                self._back()
 
     async def aclose(self) -> None:
         """Fail what waits; a put on its way from its caller's task is its caller's."""
         self._run += 1
-        senders, self._senders = self._senders, set()
-        for task in senders:
-            task.cancel()
-        await asyncio.gather(*senders, return_exceptions=True)
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
         _settle_all(self._waiting, StoreError("store closed"))  # never sent
         self._waiting.clear()
-        self._busy = 0
+        self._busy = False
 
-    def _lane_free(self) -> None:
-        """A lane is back: it takes what waits, or is free."""
+    def _back(self) -> None:
+        """What was on its way is back: send what waits, or be free."""
         if self._waiting:
-            task = asyncio.create_task(self._send_all(self._run), name="store: inbound puts")
-            self._senders.add(task)
-            task.add_done_callback(self._senders.discard)
+            self._sender = asyncio.create_task(
+                self._send_all(self._run), name="store: inbound puts"
+            )
         else:
-            self._busy -= 1
+            self._busy = False
 
     async def _send_all(self, run: int) -> None:
         try:
@@ -113,20 +109,16 @@ class GroupedPuts:
                     await self._send(sorted(group, key=_session))  # stable: order kept
         finally:
             if run == self._run:
-                self._busy -= 1
+                self._sender, self._busy = None, False
 
     async def _send(self, group: list[_Waiting]) -> None:
         try:
             results = await self._store_many([put for put, _ in group])
             outcomes = list(zip(group, results, strict=True))
-        except StoreError as exc:
-            if len(group) > 1 and self._refused(exc):
-                await self._one_by_one(group)
-            else:
-                _settle_all(group, exc)
-            return
-        except Exception as exc:  # a value that would not serialize, or a bug
-            if len(group) > 1:
+        except Exception as exc:
+            # refused, or a value that would not serialize: put by put finds the one it was
+            refused = not isinstance(exc, StoreError) or self._refused(exc)
+            if len(group) > 1 and refused:
                 await self._one_by_one(group)
             else:
                 _settle_all(group, exc)

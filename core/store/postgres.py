@@ -277,8 +277,6 @@ class PostgresStore:
         self, session: str, msg: InboundMessage, max_pending: int, *, unpaired: bool = False
     ) -> PutResult:
         """Stored with the puts made while the last group was on its way (core.store.grouped)."""
-        if self._pool is None:
-            raise StoreError("store is not running")
         return await self._puts.put(Put(session, msg, max_pending, unpaired))
 
     async def _put_many(self, puts: Sequence[Put]) -> list[PutResult]:
