@@ -188,36 +188,49 @@ async def test_max_pending_overflow_is_kept_but_not_pending(store: Store) -> Non
     assert other.status is InboxStatus.PENDING
 
 
+class _InboxModel:
+    """What the inbox should answer a put: the first id of a platform id again (dedupe), else
+    unpaired, else pending under the session's cap, else overflow; and the pending order."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}  # platform id -> inbox id
+        self.pending: dict[str, list[str]] = {}  # session -> platform ids, in order
+
+    def check(self, session: str, platform_id: str, unpaired: bool, cap: int, put: Any) -> None:
+        if platform_id in self.ids:
+            assert put == type(put)(self.ids[platform_id], InboxStatus.DUPLICATE)
+            return
+        queue = self.pending.setdefault(session, [])
+        if unpaired:
+            expected = InboxStatus.UNPAIRED
+        elif len(queue) < cap:
+            expected = InboxStatus.PENDING
+            queue.append(platform_id)
+        else:
+            expected = InboxStatus.OVERFLOW
+        assert (platform_id, put.status) == (platform_id, expected)
+        assert put.id not in self.ids.values()
+        self.ids[platform_id] = put.id
+
+    async def check_pending(self, store: Store) -> None:
+        for session, queue in self.pending.items():
+            assert [i.message.platform_id for i in await store.pending(session)] == queue
+
+
 async def test_puts_match_a_model_of_the_queue_cap_dedupe_and_pairing(store: Store) -> None:
     """Random puts (redeliveries, unpaired senders, several sessions and caps) give exactly
     the statuses and ids a plain model of the inbox gives."""
     rnd = random.Random(8)
     sessions = [S1, S2, "default:web:default:carol"]
-    stored: dict[str, tuple[int, str]] = {}  # platform id -> (id, session)
-    pending = dict.fromkeys(sessions, 0)
+    model = _InboxModel()
     for _ in range(300):
         session = rnd.choice(sessions)
         platform_id = f"model-{rnd.randrange(200)}"
         unpaired = rnd.random() < 0.15
         cap = rnd.randrange(1, 40)
         put = await store.put_inbound(session, msg(platform_id), cap, unpaired=unpaired)
-        if platform_id in stored:
-            assert put == type(put)(stored[platform_id][0], InboxStatus.DUPLICATE)
-            continue
-        if unpaired:
-            expected = InboxStatus.UNPAIRED
-        elif pending[session] < cap:
-            expected = InboxStatus.PENDING
-            pending[session] += 1
-        else:
-            expected = InboxStatus.OVERFLOW
-        assert put.status is expected
-        assert put.id not in {i for i, _ in stored.values()}
-        stored[platform_id] = (put.id, session)
-    for session in sessions:
-        ids = [i.id for i in await store.pending(session)]
-        assert len(ids) == pending[session]
-        assert ids == sorted(ids)
+        model.check(session, platform_id, unpaired, cap, put)
+    await model.check_pending(store)
 
 
 async def test_puts_made_at_once_match_the_model_in_the_order_made(store: Store) -> None:
@@ -226,8 +239,7 @@ async def test_puts_made_at_once_match_the_model_in_the_order_made(store: Store)
     platform id belongs to one conversation, as on every platform."""
     rnd = random.Random(9)
     sessions = [S1, S2, "default:web:default:carol"]
-    stored: dict[str, int] = {}
-    pending: dict[str, list[str]] = {s: [] for s in sessions}  # platform ids, in order made
+    model = _InboxModel()
     for _ in range(6):
         burst = []
         for _ in range(50):
@@ -237,22 +249,8 @@ async def test_puts_made_at_once_match_the_model_in_the_order_made(store: Store)
             *(store.put_inbound(s, msg(p), cap, unpaired=u) for s, p, u, cap in burst)
         )
         for (session, platform_id, unpaired, cap), put in zip(burst, results, strict=True):
-            if platform_id in stored:
-                assert put == type(put)(stored[platform_id], InboxStatus.DUPLICATE)
-                continue
-            if unpaired:
-                expected = InboxStatus.UNPAIRED
-            elif len(pending[session]) < cap:
-                expected = InboxStatus.PENDING
-                pending[session].append(platform_id)
-            else:
-                expected = InboxStatus.OVERFLOW
-            assert (platform_id, put.status) == (platform_id, expected)
-            stored[platform_id] = put.id
-    assert len(set(stored.values())) == len(stored)
-    for session in sessions:
-        items = await store.pending(session)
-        assert [i.message.platform_id for i in items] == pending[session]
+            model.check(session, platform_id, unpaired, cap, put)
+    await model.check_pending(store)
 
 
 async def test_pending_is_fifo_per_session_and_isolated(store: Store) -> None:
