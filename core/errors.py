@@ -5,6 +5,7 @@
     ├── ChannelError                 a platform refused or failed a call
     │   (retryable: bool, retry_after: float | None, code: str | None)
     ├── StoreError                   the store is unreachable or refused a write
+    │   └── SessionPaused            a turn's commit refused: an operator took the session
     ├── ModelError                   the model endpoint failed after retries
     │   (retryable: bool, retry_after: float | None, status: int | None)
     └── ToolError                    a tool failed; becomes a result the model can read
@@ -19,6 +20,7 @@ __all__ = [
     "ChannelError",
     "ConfigError",
     "ModelError",
+    "SessionPaused",
     "StoreError",
     "SwitchboardError",
     "ToolError",
@@ -56,6 +58,11 @@ class ChannelError(SwitchboardError):
 
 class StoreError(SwitchboardError):
     """The store could not be reached or refused an operation."""
+
+
+class SessionPaused(StoreError):
+    """An operator took the session while its turn ran: the turn's answer was not committed
+    (its messages stay for the operator)."""
 
 
 class ModelError(SwitchboardError):

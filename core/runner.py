@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from core.agent.loop import AgentEvent, Done, EventSink, RunOutcome, TextDelta, ToolStep, Turn
 from core.agent.prompt import describe_inbound, history_messages, quote_note, system_prompt
 from core.agent.tools import CONSENT
-from core.errors import StoreError, SwitchboardError
+from core.errors import SessionPaused, StoreError, SwitchboardError
 from core.logcontext import about
 from core.models import InboundMessage, MessageKind, Reply, SessionKey
 from core.policies import (
@@ -314,24 +314,6 @@ class SessionRunner:
             return
         finally:
             self.turn_task = None
-        try:
-            paused = (await self.mgr.store.get_session(self.skey)).state.get("handoff")
-        except StoreError:  # the turn is tried again: this one's preview goes, its record stays
-            _fill(run, outcome)  # what it spent
-            await self._discard(run, day, quotas, tools, live, "store_error")
-            raise
-        if paused:
-            # an operator took the session while this ran, on another replica (here, the pause
-            # cancelled the turn): the answer is dropped, its messages are held for them
-            log.info(
-                "run %s answered a session an operator took meanwhile: answer dropped",
-                run.id,
-                extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
-            )
-            _fill(run, outcome)  # what it spent
-            await self._discard(run, day, quotas, tools, live, "paused")
-            self.poked = True  # another round holds the messages
-            return
         if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
             if quotas:
                 await self._give_back(run, day, quotas)
@@ -352,8 +334,20 @@ class SessionRunner:
                     "\n\n".join(self.batch_texts),
                     [reply],
                     state if state != session.state else None,
+                    unless_paused=True,
                 )
             )
+        except SessionPaused:
+            # an operator took the session while this ran, on another replica (here, the pause
+            # cancelled the turn): the answer is dropped, its messages are held for them
+            log.info(
+                "run %s answered a session an operator took meanwhile: answer dropped",
+                run.id,
+                extra={"session": self.skey, "channel": self.key.channel, "run_id": run.id},
+            )
+            await self._discard(run, day, quotas, tools, live, "paused")
+            self.poked = True  # another round holds the messages
+            return
         except StoreError:  # not committed (lease lost, store down): the preview must go;
             # its reservation stays held, for the next turn of the session to settle
             if live is not None:

@@ -818,24 +818,44 @@ async def test_an_operator_pausing_on_another_replica_silences_the_running_turn(
     assert there.outlet.texts() == ["echo: I want to cancel"]
 
 
-async def test_a_store_error_reading_the_session_before_the_commit_ends_the_preview(
+async def test_an_operator_pausing_just_before_the_commit_silences_the_turn(
+    make_rig: Callable[..., Any],
+) -> None:
+    """The pause was looked for by a read after the model's answer: an operator who paused on
+    another replica between that read and the commit got the bot's answer beside theirs."""
+    here: Rig = await make_rig()
+    there: Rig = await make_rig()  # the replica the operator's request reached
+    commit = here.store.complete_turn
+
+    async def paused_first(*args: Any, **kwargs: Any) -> Any:
+        if not await console(here.store).runs(str(key()), 10):  # this turn's commit
+            await there.manager.pause(key(), "operator")
+        return await commit(*args, **kwargs)
+
+    here.store.complete_turn = paused_first  # type: ignore[method-assign]
+    await here.manager.submit(msg("I want to cancel"))
+    await settle(here)
+    assert here.outlet.texts() == []
+    runs = await console(here.store).runs(str(key()), 10)
+    assert [r.limits_hit for r in runs] == [["paused"]]
+    assert await there.manager.hand_back(key()) == 1
+    await settle(there)
+    assert there.outlet.texts() == ["echo: I want to cancel"]
+
+
+async def test_a_store_error_at_the_commit_ends_the_preview(
     make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The read that checks for an operator's pause failed: the turn was tried again, but its
-    live preview stayed on screen and its model call went unrecorded."""
+    """The commit failed (the store went away): the turn is tried again, and the first try's
+    live preview does not stay on screen."""
     rig: Rig = await make_rig(delay_s=0.3)
-    left = fail_first(monkeypatch, rig.store, "get_session", 0, StoreError("connection lost"))
+    fail_first(monkeypatch, rig.store, "complete_turn", 1, StoreError("connection lost"))
     await rig.manager.submit(msg("hello"))
-    while not rig.model.requests:
-        await asyncio.sleep(0.01)
-    left[0] = 1  # the next read is the check, once the model has answered
     await settle(rig)
     await asyncio.sleep(0.5)
     await settle(rig)
     first = next(e[2] for e in rig.outlet.events if e[0] == "started")
     assert ("discarded", key(), first) in rig.outlet.events
-    runs = await console(rig.store).runs(str(key()), 10)
-    assert [(r.limits_hit, r.steps) for r in runs if r.id == first] == [(["store_error"], 1)]
     assert rig.outlet.texts() == ["echo: hello"]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from core.errors import StoreError
+from core.errors import SessionPaused, StoreError
 from core.models import InboundMessage, OutboundPart, Reply, Sender
 from core.store import InboxStatus, Quota, RunRecord, SqliteStore, Store
 from core.store import sqlite as sqlite_module
@@ -330,6 +330,37 @@ async def test_a_turn_keeps_the_handoff_an_operator_set_while_it_ran(store: Stor
     await store.set_state(S1, {"plan": "old", "handoff": pause})  # the operator, meanwhile
     await store.complete_turn("w1", run_for(S1, [put.id]), "q", [], {"plan": "new"})
     assert (await store.get_session(S1)).state == {"plan": "new", "handoff": pause}
+
+
+async def test_a_turn_unless_paused_writes_nothing_once_an_operator_has_the_session(
+    store: Store,
+) -> None:
+    """The check for a pause is made in the commit's transaction: made by a read before it,
+    a pause that came between the two let the answer through."""
+    put = await store.put_inbound(S1, msg(text="q"), 100)
+    assert await store.acquire_lease(S1, "w1", 30.0)
+    pause = {"reason": "operator", "at": 1.0, "run": None}
+    await store.set_state(S1, {"plan": "old", "handoff": pause})
+    with pytest.raises(SessionPaused):
+        await store.complete_turn(
+            "w1", run_for(S1, [put.id]), "q", [Reply(text="a")], {"plan": "new"}, unless_paused=True
+        )
+    assert [i.id for i in await store.pending(S1)] == [put.id]
+    assert await store.outbox_pending(S1) == []
+    assert await store.history(S1, 10) == []
+    assert await query(store, "SELECT id FROM runs") == []
+    assert (await store.get_session(S1)).state == {"plan": "old", "handoff": pause}
+    # the lease is checked first: a run that lost it is told so, paused or not
+    with pytest.raises(StoreError) as lost:
+        await store.complete_turn("w2", run_for(S1, [put.id]), "q", [], unless_paused=True)
+    assert not isinstance(lost.value, SessionPaused)
+    # handed back: the same commit goes through
+    await store.set_state(S1, {"plan": "old"})
+    await store.complete_turn(
+        "w1", run_for(S1, [put.id]), "q", [Reply(text="a")], {"plan": "new"}, unless_paused=True
+    )
+    assert await store.pending(S1) == []
+    assert [p.reply.text for p in await store.outbox_pending(S1)] == ["a"]
 
 
 async def test_complete_turn_without_the_lease_raises_and_writes_nothing(

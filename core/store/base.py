@@ -33,6 +33,7 @@ __all__ = [
     "prune_statements",
     "replies_json",
     "run_json",
+    "stored_handoff",
     "transcript_entries",
     "utc_day",
 ]
@@ -192,15 +193,21 @@ class RunRecord:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def stored_handoff(stored: str | None) -> Any:
+    """The handoff a session's stored state (JSON) holds, if any: an operator has the
+    session."""
+    try:
+        current = json.loads(stored or "{}")
+    except ValueError:
+        return None
+    return current.get("handoff") if isinstance(current, dict) else None
+
+
 def keep_handoff(state: dict[str, Any], stored: str | None) -> str:
     """A turn's new session state, as JSON, keeping a handoff that an operator set while the
     turn ran (the turn's state is a copy from before: written as it is, it undid the pause,
     and the bot answered the customer again)."""
-    try:
-        current = json.loads(stored or "{}")
-    except ValueError:
-        current = {}
-    handoff = current.get("handoff") if isinstance(current, dict) else None
+    handoff = stored_handoff(stored)
     if handoff and not state.get("handoff"):
         state = {**state, "handoff": handoff}
     return json.dumps(state)
@@ -346,11 +353,14 @@ class Store(Protocol):
         state: dict[str, Any] | None = None,
         *,
         remember: bool = True,
+        unless_paused: bool = False,
     ) -> list[OutboundPart]:
         """In one transaction: mark the run's inbox messages answered, append history (unless
         `remember` is False: a command's reply is no part of the conversation), store the
         reply parts in the outbox, record the run and (when given) the new session state.
-        Raises StoreError if `owner` no longer holds the session's lease (nothing is written)."""
+        Raises StoreError if `owner` no longer holds the session's lease, and SessionPaused
+        if `unless_paused` and an operator has the session (its stored state holds a
+        handoff); either way nothing is written."""
 
     async def record_run(self, run: RunRecord) -> None:
         """Record a run that produced no committed reply (cancelled, failed)."""

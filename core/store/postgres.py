@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from core.errors import StoreError
+from core.errors import SessionPaused, StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.store.base import (
     DELIVERY_RANK,
@@ -40,6 +40,7 @@ from core.store.base import (
     prune_statements,
     replies_json,
     run_json,
+    stored_handoff,
     transcript_entries,
     utc_day,
 )
@@ -470,6 +471,7 @@ class PostgresStore:
         state: dict[str, Any] | None = None,
         *,
         remember: bool = True,
+        unless_paused: bool = False,
     ) -> list[OutboundPart]:
         async with self._conn(tx=True) as c:
             row = await c.fetchrow(
@@ -478,6 +480,8 @@ class PostgresStore:
             )
             if row is None or row[0] != owner:
                 raise StoreError(f"lease on {run.session} is no longer held")
+            if unless_paused and stored_handoff(row[2]):
+                raise SessionPaused(f"an operator took {run.session}")
             epoch, now = row[1], time.time()
             if state is not None:
                 kept = keep_handoff(state, row[2])

@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from core.errors import StoreError
+from core.errors import SessionPaused, StoreError
 from core.models import InboundMessage, OutboundPart, Reply, SessionKey
 from core.store.base import (
     DELIVERY_RANK,
@@ -60,6 +60,7 @@ from core.store.base import (
     prune_statements,
     replies_json,
     run_json,
+    stored_handoff,
     transcript_entries,
     utc_day,
 )
@@ -579,6 +580,7 @@ class SqliteStore:
         state: dict[str, Any] | None = None,
         *,
         remember: bool = True,
+        unless_paused: bool = False,
     ) -> list[OutboundPart]:
         encoded = replies_json(replies)
 
@@ -588,6 +590,8 @@ class SqliteStore:
             )
             if row is None or row[0] != owner:
                 raise _LeaseLost(run.session)
+            if unless_paused and stored_handoff(row[2]):
+                raise SessionPaused(f"an operator took {run.session}")
             epoch, now = row[1], time.time()
             if state is not None:
                 kept = keep_handoff(state, row[2])
@@ -909,7 +913,9 @@ class _Failed:
         self.exc = exc
 
     def error(self) -> StoreError:
-        if isinstance(self.exc, _LeaseLost | StoreError):
+        if isinstance(self.exc, StoreError):  # SessionPaused among them
+            return type(self.exc)(str(self.exc))
+        if isinstance(self.exc, _LeaseLost):
             return StoreError(str(self.exc))
         return StoreError(f"store write failed: {self.exc}")
 
@@ -993,7 +999,7 @@ def _run_batch(conn: sqlite3.Connection, fns: list[WriteOp], durable: bool = Tru
             return [_Failed(exc)] * len(fns)  # store logs the fault once, not per write
         if len(fns) > 1:  # one bad op must not fail its neighbours: redo them one by one
             return [one for fn in fns for one in _run_batch(conn, [fn], durable)]
-        if not isinstance(exc, _LeaseLost):
+        if not isinstance(exc, _LeaseLost | SessionPaused):
             log.error("store write failed", exc_info=exc)
         return [_Failed(exc)]
     return results
