@@ -7,7 +7,7 @@ import gc
 import re
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -1003,6 +1003,50 @@ async def test_a_run_longer_than_its_lease_ttl_keeps_the_lease(
     await settle(rig)
     assert rig.outlet.texts(key("K")) == ["echo: slow one"]
     assert await store.acquire_lease(skey, "other-replica", 30.0)  # released at the end
+
+
+async def test_the_store_calls_of_a_one_message_turn(
+    store: Store, make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call is a round trip to PostgreSQL (a write on SQLite's thread for the leases)
+    for every answered message: the lease just taken is not renewed before the turn's first
+    model call, and the session is read once (an operator's pause is looked for in the
+    commit). The second model call of a turn renews it."""
+    calls: Counter[str] = Counter()
+
+    def counted(name: str) -> Callable[..., Any]:
+        original = getattr(store, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return await original(*args, **kwargs)
+
+        return call
+
+    rig: Rig = await make_rig()
+    for name in (n for n in dir(Store) if not n.startswith("_")):
+        if asyncio.iscoroutinefunction(getattr(store, name, None)):
+            monkeypatch.setattr(store, name, counted(name))
+    await rig.manager.submit(msg("hello", "C"))
+    await settle(rig)
+    assert rig.outlet.texts(key("C")) == ["echo: hello"]
+    assert calls == Counter(
+        put_inbound=1,
+        acquire_lease=1,
+        outbox_pending=2,  # what an earlier holder left, then this turn's reply
+        pending=1,
+        get_session=1,
+        history=1,
+        complete_turn=1,
+        mark_sent=1,
+        release_lease=1,
+    )
+    calls.clear()
+    rig.model.tool_first = True  # two model calls: the second one is fenced
+    await rig.manager.submit(msg("again", "C"))
+    await settle(rig)
+    assert rig.outlet.texts(key("C"))[-1].startswith("echo: ")
+    assert calls["renew_lease"] == 1
 
 
 async def test_a_lease_taken_mid_run_stops_the_run_at_the_next_heartbeat(
