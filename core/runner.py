@@ -323,12 +323,12 @@ class SessionRunner:
             return
         finally:
             self.turn_task = None
-        if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
-            if quotas:
-                await self._give_back(run, day, quotas)
-            run.credits = 0.0
         self.committing = True
         try:
+            if outcome.status in UNCHARGED and outcome.steps == 0:  # the model produced nothing
+                if quotas:
+                    await self._give_back(run, day, quotas)
+                run.credits = 0.0
             _fill(run, outcome)
             if tools:
                 run.detail["tools"] = tools
@@ -347,8 +347,8 @@ class SessionRunner:
                 )
             )
         except SessionPaused:
-            # an operator took the session while this ran, on another replica (here, the pause
-            # cancelled the turn): the answer is dropped, its messages are held for them
+            # an operator took the session while this ran: on another replica, or here once the
+            # turn could no longer be cancelled (the answer is dropped, its messages are held)
             log.info(
                 "run %s answered a session an operator took meanwhile: answer dropped",
                 run.id,

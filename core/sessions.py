@@ -321,8 +321,8 @@ class SessionManager:
 
     async def pause(self, key: SessionKey, reason: str) -> None:
         """A person takes over: the bot starts no run here until hand_back, and the answer it
-        is writing now is dropped (a turn already committing still goes out, and keeps the
-        pause); messages are kept for the operator."""
+        is writing now is dropped (a turn whose commit went through before the pause still goes
+        out, and keeps the pause); messages are kept for the operator."""
         session = await self.store.get_session(str(key))
         state = dict(session.state)
         state["handoff"] = {"reason": reason, "at": time.time(), "run": None}

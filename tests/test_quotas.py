@@ -117,6 +117,29 @@ async def test_model_failure_before_anything_releases_the_reservation(
     assert await store.usage(_today(), "channel", "test:default") == 0.0
 
 
+async def test_a_reservation_that_cannot_be_given_back_ends_the_preview(
+    make: Any, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model failed before producing anything, and giving the reservation back failed
+    (the store went away): the turn is tried again, and the first try's live preview does
+    not stay on screen. The next try settles the reservation the first one left."""
+    fail_first(monkeypatch, store, "release_usage", 1, StoreError("connection lost"))
+    manager, outlet = await make(
+        FailingModel(), QuotaPolicy(credits_per_run=5.0, channel_daily=100.0)
+    )
+    await manager.submit(_msg("hello", "1"))
+    await _settle(manager)
+    started = [e[2] for e in outlet.events if e[0] == "started"]
+    assert len(started) >= 2  # tried again
+    assert (
+        "discarded",
+        SessionKey("default", "test", "default", "c1"),
+        started[0],
+    ) in outlet.events
+    assert "Sorry" in outlet.texts()[0]
+    assert await store.usage(_today(), "channel", "test:default") == 0.0
+
+
 async def test_credits_are_charged_per_run(make: Any, store: Store) -> None:
     model = ScriptedModel()
     model.add(text("a"))
