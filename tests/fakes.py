@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +149,17 @@ def failing_puts(monkeypatch: Any, store: Any, times: int, reason: str = "disk i
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(store, "put_inbound", put_inbound)
+
+
+def count_calls(monkeypatch: Any, target: object, method: str, calls: Counter[str]) -> None:
+    """`target.method` (a coroutine function) counts its calls in `calls[method]`."""
+    original = getattr(target, method)
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[method] += 1
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(target, method, counted)
 
 
 def fail_first(

@@ -46,7 +46,7 @@ from core.sessions import (
 )
 from core.store import InboxStatus, SqliteStore, Store
 from core.store.admin import console
-from tests.fakes import RecordingOutlet, fail_first
+from tests.fakes import RecordingOutlet, count_calls, fail_first
 
 _USER = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
 
@@ -1013,21 +1013,11 @@ async def test_the_store_calls_of_a_one_message_turn(
     model call, and the session is read once (an operator's pause is looked for in the
     commit). The second model call of a turn renews it."""
     calls: Counter[str] = Counter()
-
-    def counted(name: str) -> Callable[..., Any]:
-        original = getattr(store, name)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return await original(*args, **kwargs)
-
-        return call
-
     rig: Rig = await make_rig()
     periodic = {"sessions_with_work", "renew_leases"}  # the sweep's and the heartbeat's
     for name in (n for n in dir(Store) if not n.startswith("_") and n not in periodic):
         if asyncio.iscoroutinefunction(getattr(store, name, None)):
-            monkeypatch.setattr(store, name, counted(name))
+            count_calls(monkeypatch, store, name, calls)
     await rig.manager.submit(msg("hello", "C"))
     await settle(rig)
     assert rig.outlet.texts(key("C")) == ["echo: hello"]
