@@ -1335,6 +1335,34 @@ async def test_postgres_a_put_waiting_on_a_locked_session_holds_the_others_up_a_
         await store.aclose()
 
 
+async def test_postgres_retention_leaves_a_session_row_another_transaction_holds(
+    pg_url: str,
+) -> None:
+    """The prune locked the empty sessions it deleted in no set order, while a group of puts
+    locks its sessions in key order: the two waited on each other (a deadlock, or the puts'
+    lock timeout, a 503). It now leaves a row another transaction holds, and waits for none."""
+    import asyncpg
+
+    store = PostgresStore(pg_url)
+    await store.start()
+    blocker = await asyncpg.connect(pg_url)
+    try:
+        for key in (S1, S2):  # sessions with nothing left: both due to go
+            await blocker.execute("INSERT INTO sessions (key) VALUES ($1)", key)
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", S1)
+        async with asyncio.timeout(5):  # it waited for the holder: 10 s, then a StoreError
+            deleted = await store.prune(time.time() + 1)
+        assert deleted["sessions"] == 1
+        await tx.rollback()
+        assert [r[0] for r in await query(store, "SELECT key FROM sessions")] == [S1]
+        assert (await store.prune(time.time() + 1))["sessions"] == 1  # once let go
+    finally:
+        await blocker.close()
+        await store.aclose()
+
+
 async def test_postgres_a_listen_connection_cut_short_by_a_close_is_dropped(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

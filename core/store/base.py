@@ -78,12 +78,14 @@ def utc_day(t: float) -> str:
 
 
 def prune_statements(
-    before: str, day: str, now: str, limit: str, kept: str
+    before: str, day: str, now: str, limit: str, kept: str, skip_locked: str = ""
 ) -> list[tuple[str, str]]:
     """Store.prune's statements, (table, SQL), in the dialect's placeholders: `before`, `day`
     (its UTC day), `now` and `limit` are values, `kept` the namespaces kept (a condition on
-    `namespace`). Only what is over is deleted: never a pending, held or unpaired message, an
-    undelivered reply part, a running run, or a session with work, a lease or a row left."""
+    `namespace`), `skip_locked` the dialect's clause that leaves the session rows another
+    transaction holds (a put, a commit: whatever holds one is using it). Only what is over
+    is deleted: never a pending, held or unpaired message, an undelivered reply part, a
+    running run, or a session with work, a lease or a row left."""
     one = f"LIMIT {limit}"
     return [
         ("inbox", "DELETE FROM inbox WHERE id IN (SELECT id FROM inbox WHERE received_at <"
@@ -103,7 +105,7 @@ def prune_statements(
          " AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.session = s.key)"
          " AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session = s.key)"
          " AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.session = s.key"
-         f" AND o.status = 'pending') {one})"),
+         f" AND o.status = 'pending') {one} {skip_locked})"),
     ]  # fmt: skip
 
 

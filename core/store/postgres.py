@@ -374,8 +374,16 @@ class PostgresStore:
         # numbers and the day inlined (each statement names different ones; asyncpg refuses
         # a parameter a statement does not use); the namespaces are the one parameter
         day = utc_day(before)
+        # the session rows it deletes are locked in no set order, and a group of puts locks
+        # its sessions' rows in key order: waiting on each other they deadlocked, or the puts
+        # waited out their lock timeout (a 503). The prune leaves a row another holds.
         statements = prune_statements(
-            repr(float(before)), f"'{day}'", NOW, str(int(limit)), "namespace <> ALL($1::text[])"
+            repr(float(before)),
+            f"'{day}'",
+            NOW,
+            str(int(limit)),
+            "namespace <> ALL($1::text[])",
+            "FOR UPDATE OF s SKIP LOCKED",
         )
         deleted = {}
         async with self._conn(tx=True) as c:
