@@ -819,20 +819,22 @@ async def test_an_operator_pausing_on_another_replica_silences_the_running_turn(
 
 
 async def test_an_operator_pausing_just_before_the_commit_silences_the_turn(
-    make_rig: Callable[..., Any],
+    make_rig: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pause was looked for by a read after the model's answer: an operator who paused on
     another replica between that read and the commit got the bot's answer beside theirs."""
     here: Rig = await make_rig()
     there: Rig = await make_rig()  # the replica the operator's request reached
-    commit = here.store.complete_turn
+    commit, paused = here.store.complete_turn, False
 
-    async def paused_first(*args: Any, **kwargs: Any) -> Any:
-        if not await console(here.store).runs(str(key()), 10):  # this turn's commit
+    async def pausing_first(*args: Any, **kwargs: Any) -> Any:
+        nonlocal paused
+        if not paused:  # the first commit, this turn's: the operator pauses just before it
+            paused = True
             await there.manager.pause(key(), "operator")
         return await commit(*args, **kwargs)
 
-    here.store.complete_turn = paused_first  # type: ignore[method-assign]
+    monkeypatch.setattr(here.store, "complete_turn", pausing_first)
     await here.manager.submit(msg("I want to cancel"))
     await settle(here)
     assert here.outlet.texts() == []

@@ -1270,53 +1270,66 @@ async def test_the_console_reads_further_back_when_the_newest_rows_cover_other_t
     assert [r.key for r in await admin._sessions("", (2, 0))] == [b, x]
 
 
-async def test_postgres_stores_a_burst_in_groups_and_a_refused_put_fails_alone(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest_asyncio.fixture
+async def pg_store(pg_url: str) -> AsyncIterator[PostgresStore]:
     store = PostgresStore(pg_url)
     await store.start()
+    yield store
+    await store.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _holding_row(pg_url: str, session: str) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """Another replica's transaction holding a session's row (committing a turn, say) until
+    the callable it gives lets go."""
+    import asyncpg
+
+    conn = await asyncpg.connect(pg_url)
     try:
-        sizes: list[int] = []
-        original = store._put_many
-
-        async def counting(puts: Any) -> Any:
-            sizes.append(len(puts))
-            return await original(puts)
-
-        monkeypatch.setattr(store._puts, "_store_many", counting)
-        # a NUL, which PostgreSQL text cannot hold: the server refuses that one put
-        ids = [f"g{n}" if n != 7 else "g\x007" for n in range(20)]
-        results = await asyncio.gather(
-            *(store.put_inbound(S1, msg(i), 100) for i in ids), return_exceptions=True
-        )
-        assert max(sizes) > 1  # they were grouped (the first alone, the rest behind it)
-        assert isinstance(results[7], StoreError)
-        kept = [r for n, r in enumerate(results) if n != 7]
-        assert all(getattr(r, "status", None) is InboxStatus.PENDING for r in kept)
-        items = await store.pending(S1)
-        assert [i.message.platform_id for i in items] == [i for i in ids if "\x00" not in i]
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", session)
+        yield tx.rollback
     finally:
-        await store.aclose()
+        await conn.close()
+
+
+async def test_postgres_stores_a_burst_in_groups_and_a_refused_put_fails_alone(
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = pg_store
+    sizes: list[int] = []
+    original = store._put_many
+
+    async def counting(puts: Any) -> Any:
+        sizes.append(len(puts))
+        return await original(puts)
+
+    monkeypatch.setattr(store._puts, "_store_many", counting)
+    # a NUL, which PostgreSQL text cannot hold: the server refuses that one put
+    ids = [f"g{n}" if n != 7 else "g\x007" for n in range(20)]
+    results = await asyncio.gather(
+        *(store.put_inbound(S1, msg(i), 100) for i in ids), return_exceptions=True
+    )
+    assert max(sizes) > 1  # they were grouped (the first alone, the rest behind it)
+    assert isinstance(results[7], StoreError)
+    kept = [r for n, r in enumerate(results) if n != 7]
+    assert all(getattr(r, "status", None) is InboxStatus.PENDING for r in kept)
+    items = await store.pending(S1)
+    assert [i.message.platform_id for i in items] == [i for i in ids if "\x00" not in i]
 
 
 async def test_postgres_a_put_waiting_on_a_locked_session_holds_the_others_up_a_second_at_most(
-    pg_url: str,
+    pg_url: str, pg_store: PostgresStore
 ) -> None:
     """Another replica holds a session's row (committing a turn): that session's put waits
     at most the lock timeout, then fails (a 503: the platform delivers it again), and the
     puts of other sessions made meanwhile are stored after it, in order."""
-    import asyncpg
-
     from core.store.postgres import LOCK_TIMEOUT_MS
 
-    store = PostgresStore(pg_url)
-    await store.start()
-    blocker = await asyncpg.connect(pg_url)
-    try:
-        await store.put_inbound(S1, msg(text="before"), 100)
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", S1)
+    store = pg_store
+    await store.put_inbound(S1, msg(text="before"), 100)
+    async with _holding_row(pg_url, S1) as let_go:
         started = time.monotonic()
         waiting = asyncio.create_task(store.put_inbound(S1, msg(text="held"), 100))
         await asyncio.sleep(0.05)
@@ -1328,50 +1341,36 @@ async def test_postgres_a_put_waiting_on_a_locked_session_holds_the_others_up_a_
         assert time.monotonic() - started < LOCK_TIMEOUT_MS / 1000 + 5  # not the 10 s timeout
         assert all(r.status is InboxStatus.PENDING for r in others)
         assert [i.message.text for i in await store.pending(S2)] == [f"b{i}" for i in range(8)]
-        await tx.rollback()
+        await let_go()
         assert (await store.put_inbound(S1, msg(text="again"), 100)).status is InboxStatus.PENDING
-    finally:
-        await blocker.close()
-        await store.aclose()
 
 
 async def test_postgres_retention_leaves_a_session_row_another_transaction_holds(
-    pg_url: str,
+    pg_url: str, pg_store: PostgresStore
 ) -> None:
     """The prune locked the empty sessions it deleted in no set order, while a group of puts
     locks its sessions in key order: the two waited on each other (a deadlock, or the puts'
     lock timeout, a 503). It now leaves a row another transaction holds, and waits for none."""
-    import asyncpg
-
-    store = PostgresStore(pg_url)
-    await store.start()
-    blocker = await asyncpg.connect(pg_url)
-    try:
-        for key in (S1, S2):  # sessions with nothing left: both due to go
-            await blocker.execute("INSERT INTO sessions (key) VALUES ($1)", key)
-        tx = blocker.transaction()
-        await tx.start()
-        await blocker.execute("SELECT 1 FROM sessions WHERE key = $1 FOR UPDATE", S1)
+    store = pg_store
+    for key in (S1, S2):  # sessions with nothing left: both due to go
+        await query(store, "INSERT INTO sessions (key) VALUES (?)", (key,))
+    async with _holding_row(pg_url, S1) as let_go:
         async with asyncio.timeout(5):  # it waited for the holder: 10 s, then a StoreError
             deleted = await store.prune(time.time() + 1)
         assert deleted["sessions"] == 1
-        await tx.rollback()
-        assert [r[0] for r in await query(store, "SELECT key FROM sessions")] == [S1]
-        assert (await store.prune(time.time() + 1))["sessions"] == 1  # once let go
-    finally:
-        await blocker.close()
-        await store.aclose()
+        await let_go()
+    assert [r[0] for r in await query(store, "SELECT key FROM sessions")] == [S1]
+    assert (await store.prune(time.time() + 1))["sessions"] == 1  # once let go
 
 
 async def test_postgres_a_listen_connection_cut_short_by_a_close_is_dropped(
-    pg_url: str, monkeypatch: pytest.MonkeyPatch
+    pg_store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A close cancels a LISTEN reconnection at any await; the connection made by then was
     left to the garbage collector (a ResourceWarning that failed another test)."""
     import asyncpg
 
-    store = PostgresStore(pg_url)
-    await store.start()
+    store = pg_store
     made: list[asyncpg.Connection] = []
     real_connect = asyncpg.connect
 
@@ -1384,14 +1383,11 @@ async def test_postgres_a_listen_connection_cut_short_by_a_close_is_dropped(
 
     monkeypatch.setattr(asyncpg, "connect", connect)
     monkeypatch.setattr(asyncpg.Connection, "add_listener", held)
-    try:
-        task = asyncio.create_task(store._connect_listener())
-        while not made:
-            await asyncio.sleep(0.01)
+    task = asyncio.create_task(store._connect_listener())
+    while not made:
         await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert made[0].is_closed()
-    finally:
-        await store.aclose()
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert made[0].is_closed()
